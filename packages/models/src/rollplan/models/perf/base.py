@@ -1,0 +1,69 @@
+"""The performance-model protocol: per-phase time estimators for one (GPU kind, model, TP degree).
+
+Callers: the planner (once per distinct slot type per solve), the simulator (on every batch change), the CLI.
+All methods are pure and fast (no I/O); times are seconds, sizes bytes or tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+from rollplan.models.specs import GpuKind, ModelSpec
+
+
+@runtime_checkable
+class PerfModel(Protocol):
+    """Per-phase estimators for one engine: ``tp`` GPUs of ``gpu`` running ``model``."""
+
+    @property
+    def gpu(self) -> GpuKind: ...
+    @property
+    def model(self) -> ModelSpec: ...
+    @property
+    def tp(self) -> int: ...
+
+    def prefill_time(self, prompt_tokens: Sequence[int], cached_tokens: Sequence[int] | None = None) -> float:
+        """One prefill forward over a batch: sequence i adds ``prompt_tokens[i]`` new tokens on top of
+        ``cached_tokens[i]`` tokens already in KV (causal attention over both)."""
+        ...
+
+    def decode_step_time(self, batch: int, kv_tokens: float) -> float:
+        """One decode step of ``batch`` sequences holding ``kv_tokens`` KV tokens each (mean)."""
+        ...
+
+    def kv_capacity_tokens(self, mem_util: float = 0.9) -> int:
+        """KV tokens that fit the engine's memory after weights and activations, at ``mem_util``."""
+        ...
+
+    def kv_capacity_seqs(self, context_tokens: float, mem_util: float = 0.9) -> int:
+        """Concurrent sequences of ``context_tokens`` each that fit the KV cache."""
+        ...
+
+    def kv_transfer_time(self, tokens: int, same_node: bool) -> float:
+        """Moving ``tokens`` tokens of KV to another engine (NVLink when ``same_node``, else the network)."""
+        ...
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights one engine holds (all TP ranks together)."""
+        ...
+
+    def cold_start_time(self) -> float:
+        """Starting an engine from nothing (process, load weights, allocate KV, warm-up)."""
+        ...
+
+    def wake_time(self) -> float:
+        """Waking a sleeping engine (weights back to device memory)."""
+        ...
+
+    def weight_sync_time(self, same_node: bool = False) -> float:
+        """Installing a new weights version on a running engine (bytes / link bandwidth + fixed overhead)."""
+        ...
+
+    def reprefill_time(self, context_tokens: int) -> float:
+        """Recomputing a trajectory's KV from scratch on a new engine (prefill of its whole context)."""
+        ...
+
+
+PerfProvider = Callable[[str, int], PerfModel]
+"""Maps (GPU kind name, TP degree) to the PerfModel of the snapshot's model on it."""

@@ -1,0 +1,111 @@
+"""From a decision (roles + placement) to the ordered actions and the ``Plan`` object.
+
+Every backend ends with ``make_plan``: it releases idle slots that must be returned, derives the actions
+from the snapshot's current state, prices the decision with ``evaluate`` and packs the Plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from rollplan.models.types import ACTION_ORDER, Action, ActionKind, EngineState, Plan, Role, SolveStatus
+from rollplan.solver.evaluate import Evaluation, evaluate
+from rollplan.solver.instance import Instance
+
+_ORDER = {k: i for i, k in enumerate(ACTION_ORDER)}
+
+
+def release_idle(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) -> list[Role]:
+    """Turn OFF slots that have a return deadline and carry no trajectory (and no prefill duty).
+
+    Reason: an idle lent or noticed slot has no value to the batch and must go back; keeping it on would
+    never be priced by the makespan, so the rule is explicit here.
+    """
+    used = set(placement)
+    needs_prefill = any(roles[s] is Role.DECODE and inst.trajs[j].prefill > 0 for j, s in enumerate(placement))
+    out = list(roles)
+    for s, sl in enumerate(inst.slots):
+        if sl.deadline is None or out[s] is Role.OFF:
+            continue
+        if s in used:
+            continue
+        if out[s] is Role.PREFILL and needs_prefill:
+            continue
+        out[s] = Role.OFF
+    return out
+
+
+def build_actions(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) -> tuple[Action, ...]:
+    """The ordered actions that take the snapshot's current state to (roles, placement)."""
+    cfg = inst.config
+    snap_time = inst.snapshot.time
+    acts: list[Action] = []
+    for s, sl in enumerate(inst.slots):
+        new, cur = roles[s], sl.current_role
+        deadline = None if sl.deadline is None else snap_time + sl.deadline
+        if new is not Role.OFF:
+            if sl.engine is EngineState.NONE:
+                acts.append(Action(ActionKind.START_ENGINE, sl.id, duration=sl.engine_seconds))
+            elif sl.engine is EngineState.SLEEPING:
+                acts.append(Action(ActionKind.WAKE_ENGINE, sl.id, duration=sl.engine_seconds))
+            if sl.sync_seconds > 0:
+                acts.append(Action(ActionKind.SYNC_WEIGHTS, sl.id, duration=sl.sync_seconds))
+            if new is not cur:
+                acts.append(Action(ActionKind.SWITCH_ROLE, sl.id, role=new, duration=cfg.role_switch_seconds))
+        else:
+            if sl.deadline is not None:
+                if sl.engine is not EngineState.NONE:
+                    acts.append(Action(ActionKind.STOP_ENGINE, sl.id, duration=cfg.role_switch_seconds, deadline=deadline))
+                acts.append(Action(ActionKind.RETURN_SLOT, sl.id, deadline=deadline))
+            elif cur is not Role.OFF and sl.engine is EngineState.WARM:
+                acts.append(Action(ActionKind.SLEEP_ENGINE, sl.id, duration=cfg.role_switch_seconds))
+    for j, s in enumerate(placement):
+        t = inst.trajs[j]
+        if t.home is None or t.home == s:
+            continue
+        src = inst.slots[t.home]
+        deadline = None if src.deadline is None else snap_time + src.deadline
+        kind = ActionKind.MIGRATE_KV if inst.move_by_kv(j, s) else ActionKind.MIGRATE_REPREFILL
+        acts.append(
+            Action(kind, src.id, trajectory=t.id, target=inst.slots[s].id, duration=inst.move_seconds(j, s), deadline=deadline)
+        )
+    acts.sort(key=lambda a: _ORDER[a.kind])  # stable: slot order within a kind
+    return tuple(acts)
+
+
+def make_plan(
+    inst: Instance,
+    roles: Sequence[Role],
+    placement: Sequence[int],
+    *,
+    status: SolveStatus,
+    backend: str,
+    bounds: Mapping[str, float],
+    solve_seconds: float = 0.0,
+) -> Plan:
+    """Pack a decision into a ``Plan`` (releases idle deadline slots first; prices with ``evaluate``)."""
+    final_roles = release_idle(inst, roles, placement)
+    ev: Evaluation = evaluate(inst, final_roles, placement)
+    violations = tuple(
+        f"slot {inst.slots[s].id!r} works {o:.2f} s past its return deadline" for s, o in enumerate(ev.overrun) if o > 1e-6
+    )
+    if violations and status is not SolveStatus.FALLBACK:
+        status = SolveStatus.DEADLINE_RELAXED
+    lower = max(bounds.values(), default=0.0)
+    return Plan(
+        time=inst.snapshot.time,
+        roles={sl.id: final_roles[s] for s, sl in enumerate(inst.slots)},
+        placement={t.id: inst.slots[placement[j]].id for j, t in enumerate(inst.trajs)},
+        actions=build_actions(inst, final_roles, placement),
+        makespan=ev.makespan,
+        switching_cost=ev.switching,
+        lower_bound=lower,
+        objective=ev.objective,
+        terms=ev.terms,
+        status=status,
+        backend=backend,
+        solve_seconds=solve_seconds,
+        bounds=dict(bounds),
+        slot_finish={sl.id: ev.slot_finish[s] for s, sl in enumerate(inst.slots)},
+        violations=violations,
+    )

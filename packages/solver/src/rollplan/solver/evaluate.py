@@ -1,0 +1,163 @@
+"""Price one decision (roles + placement) exactly as the formulation does (see ``instance`` Notations).
+
+Callers: every backend (to report the plan's objective), ``validate_plan`` (recomputes from scratch), the
+local-search repair (many calls: O(|J| + |S|) each). Pure and deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rollplan.models.types import ObjectiveTerm, Role
+from rollplan.solver.instance import Instance
+
+TERM_MAKESPAN = "makespan"
+TERM_SWITCHING = "switching_gpu_seconds"
+TERM_OVERRUN = "deadline_overrun"
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """The priced decision. ``slot_finish[s]``: T_s (0 for OFF). ``problems``: hard-constraint violations
+    (trajectory on a non-decoding slot, KV that does not fit, prefill work with no PREFILL slot)."""
+
+    slot_finish: tuple[float, ...]
+    makespan: float
+    switching: float
+    overrun: tuple[float, ...]
+    terms: tuple[ObjectiveTerm, ...]
+    objective: float
+    problems: tuple[str, ...]
+
+    @property
+    def total_overrun(self) -> float:
+        return sum(self.overrun)
+
+
+def waterfill_finish(starts: Sequence[float], rates: Sequence[float], work: float) -> float:
+    """Smallest T with sum_p rates[p] * max(0, T - starts[p]) >= work (the fluid prefill share's finish)."""
+    if work <= 0 or not starts:
+        return 0.0
+    pairs = sorted(zip(starts, rates, strict=True))
+    rate_sum = 0.0
+    weighted = 0.0  # sum of rate * start over slots already busy
+    for i, (st, mu) in enumerate(pairs):
+        rate_sum += mu
+        weighted += mu * st
+        finish = (work + weighted) / rate_sum
+        nxt = pairs[i + 1][0] if i + 1 < len(pairs) else float("inf")
+        if finish <= nxt:
+            return finish
+    return (work + weighted) / rate_sum
+
+
+def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) -> Evaluation:
+    """Price ``roles[s]`` (per slot index) and ``placement[j]`` (slot index per trajectory index)."""
+    cfg = inst.config
+    n_s = len(inst.slots)
+    problems: list[str] = []
+    sum_d = [0.0] * n_s
+    max_d = [0.0] * n_s
+    occ = [0.0] * n_s
+    extra = [0.0] * n_s  # prefill on MIXED, KV receive on DECODE, migrations in
+    cp = [0.0] * n_s
+    switching = 0.0
+    prefill_for_decode = 0.0
+    for j, s in enumerate(placement):
+        t = inst.trajs[j]
+        role = roles[s]
+        sl = inst.slots[s]
+        if not role.decodes:
+            problems.append(f"trajectory {t.id!r} placed on slot {sl.id!r} whose role {role.value} does not decode")
+            continue
+        if not inst.fits(j, s):
+            problems.append(f"trajectory {t.id!r} needs {t.peak_kv:.0f} KV tokens; slot {sl.id!r} holds {sl.kv_capacity:.0f}")
+        sum_d[s] += t.decode
+        max_d[s] = max(max_d[s], t.decode)
+        occ[s] += inst.occupancy(j, s) * inst.share(j, s)
+        move = inst.move_seconds(j, s)
+        switching += move * sl.tp
+        if role is Role.MIXED:
+            extra[s] += t.prefill / sl.mu + move
+        else:
+            extra[s] += inst.kv_receive_seconds(j, s) + move
+            prefill_for_decode += t.prefill
+        cp[s] = max(cp[s], inst.critical_path(j, s))
+
+    finish = [0.0] * n_s
+    prefill_slots: list[int] = []
+    for s, sl in enumerate(inst.slots):
+        role = roles[s]
+        if role is not Role.OFF:
+            st = sl.start_seconds(role, cfg.role_switch_seconds)
+            switching += st * sl.tp
+        elif sl.is_on_now:
+            switching += cfg.role_switch_seconds * sl.tp
+        if role is Role.OFF:
+            continue
+        if role is Role.PREFILL:
+            prefill_slots.append(s)
+            finish[s] = st
+            continue
+        decode_time = sl.c * sum_d[s] + sl.a * max(max_d[s], occ[s])
+        finish[s] = st + max(decode_time + extra[s], cp[s])
+
+    if prefill_for_decode > 0:
+        if not prefill_slots:
+            problems.append(
+                f"{prefill_for_decode:.0f} prefill tokens of trajectories on DECODE slots but no PREFILL slot"
+            )
+        else:
+            starts = [finish[p] for p in prefill_slots]
+            rates = [inst.slots[p].mu for p in prefill_slots]
+            t_fill = waterfill_finish(starts, rates, prefill_for_decode)
+            for p in prefill_slots:
+                finish[p] = max(finish[p], t_fill)
+
+    overrun = [0.0] * n_s
+    for s, sl in enumerate(inst.slots):
+        if roles[s] is not Role.OFF and sl.deadline is not None:
+            overrun[s] = max(0.0, finish[s] - sl.deadline)
+    makespan = max(finish, default=0.0)
+    total_overrun = sum(overrun)
+    terms = (
+        ObjectiveTerm(TERM_MAKESPAN, makespan, 1.0),
+        ObjectiveTerm(TERM_SWITCHING, switching, cfg.switch_weight),
+        ObjectiveTerm(TERM_OVERRUN, total_overrun, cfg.deadline_penalty),
+    )
+    return Evaluation(
+        slot_finish=tuple(finish),
+        makespan=makespan,
+        switching=switching,
+        overrun=tuple(overrun),
+        terms=terms,
+        objective=sum(t.contribution for t in terms),
+        problems=tuple(problems),
+    )
+
+
+def evaluate_ids(inst: Instance, roles: Mapping[str, Role], placement: Mapping[str, str]) -> Evaluation:
+    """``evaluate`` keyed by ids (slot id -> role, trajectory id -> slot id), as a Plan stores them.
+
+    A slot missing from ``roles`` counts as OFF; a trajectory missing from ``placement`` is a problem.
+    """
+    pos = {sl.id: i for i, sl in enumerate(inst.slots)}
+    role_list = [roles.get(sl.id, Role.OFF) for sl in inst.slots]
+    place: list[int] = []
+    missing = []
+    for t in inst.trajs:
+        sid = placement.get(t.id)
+        if sid is None or sid not in pos:
+            missing.append(t.id)
+            place.append(-1)
+        else:
+            place.append(pos[sid])
+    if missing:
+        # Price the rest; report the missing ones as problems.
+        keep = [j for j, s in enumerate(place) if s >= 0]
+        sub = Instance(inst.snapshot, inst.config, inst.slots, tuple(inst.trajs[j] for j in keep), inst.kv_bytes_per_token)
+        ev = evaluate(sub, role_list, [place[j] for j in keep])
+        extra = tuple(f"trajectory {tid!r} is not placed on an existing slot" for tid in missing)
+        return Evaluation(ev.slot_finish, ev.makespan, ev.switching, ev.overrun, ev.terms, ev.objective, ev.problems + extra)
+    return evaluate(inst, role_list, place)
