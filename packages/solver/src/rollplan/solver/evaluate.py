@@ -6,11 +6,12 @@ local-search repair (many calls: O(|J| + |S|) each). Pure and deterministic.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rollplan.models.types import ObjectiveTerm, Role
-from rollplan.solver.instance import Instance
+from rollplan.solver.instance import MAX_NUM_SEQS, Instance
 
 TERM_MAKESPAN = "makespan"
 TERM_SWITCHING = "switching_gpu_seconds"
@@ -64,38 +65,49 @@ def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) ->
     cp = [0.0] * n_s
     switching = 0.0
     prefill_for_decode = 0.0
+    trajs, slots = inst.trajs, inst.slots
+    min_share = 1.0 / MAX_NUM_SEQS
+    # The per-(j, s) quantities are Instance.share/occupancy/move_seconds/kv_receive_seconds/critical_path,
+    # inlined with the same floating-point operations: this loop runs |J| times per call and dominates the
+    # cost of every local search step.
     for j, s in enumerate(placement):
-        t = inst.trajs[j]
+        t = trajs[j]
         role = roles[s]
-        sl = inst.slots[s]
-        if not role.decodes:
+        sl = slots[s]
+        if role is not Role.MIXED and role is not Role.DECODE:
             problems.append(f"trajectory {t.id!r} placed on slot {sl.id!r} whose role {role.value} does not decode")
             continue
-        if not inst.fits(j, s):
+        if t.peak_kv > sl.kv_capacity:
             problems.append(f"trajectory {t.id!r} needs {t.peak_kv:.0f} KV tokens; slot {sl.id!r} holds {sl.kv_capacity:.0f}")
-        sum_d[s] += t.decode
-        max_d[s] = max(max_d[s], t.decode)
-        occ[s] += inst.occupancy(j, s) * inst.share(j, s)
-        move = inst.move_seconds(j, s)
+        d = t.decode
+        sum_d[s] += d
+        if d > max_d[s]:
+            max_d[s] = d
+        kvcap = sl.kv_capacity
+        share = max(t.kbar / kvcap if kvcap > 0 else math.inf, min_share)
+        occ[s] += (d + (t.tool / sl.tau_ref if sl.tau_ref > 0 else 0.0)) * share
+        move = 0.0 if t.home is None or t.home == s else inst.move_seconds(j, s)
         switching += move * sl.tp
+        mu = sl.mu
         if role is Role.MIXED:
-            extra[s] += t.prefill / sl.mu + move
+            extra[s] += t.prefill / mu + move
         else:
-            extra[s] += inst.kv_receive_seconds(j, s) + move
+            extra[s] += t.prefill / sl.cross_node_kv_rate + move
             prefill_for_decode += t.prefill
-        cp[s] = max(cp[s], inst.critical_path(j, s))
+        path = d * (sl.a + sl.c) + t.tool + t.prefill / mu
+        if path > cp[s]:
+            cp[s] = path
 
     finish = [0.0] * n_s
     prefill_slots: list[int] = []
     for s, sl in enumerate(inst.slots):
         role = roles[s]
-        if role is not Role.OFF:
-            st = sl.start_seconds(role, cfg.role_switch_seconds)
-            switching += st * sl.tp
-        elif sl.is_on_now:
-            switching += cfg.role_switch_seconds * sl.tp
         if role is Role.OFF:
+            if sl.is_on_now:
+                switching += cfg.role_switch_seconds * sl.tp
             continue
+        st = sl.start_seconds(role, cfg.role_switch_seconds)
+        switching += st * sl.tp
         if role is Role.PREFILL:
             prefill_slots.append(s)
             finish[s] = st

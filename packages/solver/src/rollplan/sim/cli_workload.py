@@ -1,0 +1,114 @@
+"""``rollplan workload build`` / ``rollplan workload summary``: build rollout workloads as JSONL.
+
+Registered by ``rollplan.sim.cli`` through ``register_workload(app)``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rollplan.models.errors import UserInputError
+from rollplan.models.specs import model_spec
+from rollplan.sim.workload import (
+    Workload,
+    azure_workload,
+    load_workload,
+    swebench_workload,
+    synthetic_workload,
+    workload_to_jsonl,
+)
+
+SOURCES = ("swebench", "azure", "synthetic")
+
+
+def _max_context(value: str | None) -> int | None:
+    """``--max-context``: a token count, or a model preset name meaning that model's ``max_context``."""
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return model_spec(value).max_context  # unknown name -> UnknownNameError (exit 2)
+
+
+def _need(path: Path | None, option: str, source: str) -> Path:
+    if path is None:
+        raise UserInputError(f"--from {source} needs {option} FILE",
+                             fix=f"pass {option} (the shared data is in ../shared/data)")
+    return path
+
+
+def build_workload(
+    source: str,
+    *,
+    llm_calls: Path | None = None,
+    tool_calls: Path | None = None,
+    azure: Path | None = None,
+    groups: int = 8,
+    samples: int = 8,
+    seed: int = 0,
+    max_context: int | None = None,
+    agent_model: str = "all",
+    min_turns: int = 1,
+) -> Workload:
+    """The workload the ``build`` command writes (a function so tests and the simulator CLI can share it)."""
+    if source == "swebench":
+        models = None if agent_model == "all" else [agent_model]
+        return swebench_workload(
+            _need(llm_calls, "--llm-calls", source), _need(tool_calls, "--tool-calls", source),
+            groups=groups, samples=samples, seed=seed, max_context=max_context, models=models, min_turns=min_turns,
+        )
+    if source == "azure":
+        return azure_workload(_need(azure, "--azure", source), groups=groups, samples=samples, seed=seed,
+                              max_context=max_context)
+    if source == "synthetic":
+        return synthetic_workload(groups, samples, seed, max_context=max_context)
+    raise UserInputError(f"unknown workload source {source!r}", fix=f"use one of: {', '.join(SOURCES)}")
+
+
+def register_workload(app: typer.Typer) -> None:
+    """Add the ``workload`` sub-app (``build``, ``summary``) to ``app``."""
+    wl = typer.Typer(help="Build and inspect rollout workloads (JSONL, see docs/inputs.md).", no_args_is_help=True)
+
+    @wl.command("build")
+    def build(
+        source: Annotated[str, typer.Option("--from", help="swebench | azure | synthetic")],
+        llm_calls: Annotated[Path | None, typer.Option("--llm-calls", help="agent_swebench_llm_calls.csv")] = None,
+        tool_calls: Annotated[Path | None, typer.Option("--tool-calls", help="agent_swebench_tool_calls.csv")] = None,
+        azure: Annotated[Path | None, typer.Option("--azure", help="azure_llm_inference_2023_code.csv")] = None,
+        groups: Annotated[int, typer.Option("--groups", help="G groups (prompts) in the batch")] = 8,
+        samples: Annotated[int, typer.Option("--samples", help="n samples per group")] = 8,
+        seed: Annotated[int, typer.Option("--seed")] = 0,
+        max_context: Annotated[str | None, typer.Option(
+            "--max-context", help="cut trajectories to N tokens of context, or to a model's (e.g. qwen3-8b)"
+        )] = None,
+        agent_model: Annotated[str, typer.Option("--agent-model", help="swebench: all | glm | haiku")] = "all",
+        min_turns: Annotated[int, typer.Option("--min-turns", help="swebench: skip runs with fewer turns")] = 1,
+        out: Annotated[Path | None, typer.Option("--out", help="write here instead of stdout")] = None,
+        summary: Annotated[bool, typer.Option("--summary", help="also print the summary JSON to stderr")] = False,
+    ) -> None:
+        """Build a G x n rollout batch and write it as JSONL (stdout unless --out)."""
+        w = build_workload(
+            source, llm_calls=llm_calls, tool_calls=tool_calls, azure=azure, groups=groups, samples=samples,
+            seed=seed, max_context=_max_context(max_context), agent_model=agent_model, min_turns=min_turns,
+        )
+        text = workload_to_jsonl(w)
+        if out is None:
+            sys.stdout.write(text)
+        else:
+            out.write_text(text, encoding="utf-8")
+            print(f"wrote {len(w)} trajectories in {len(w.groups())} groups to {out}", file=sys.stderr)
+        if summary:
+            print(json.dumps(w.summary(), indent=2), file=sys.stderr)
+
+    @wl.command("summary")
+    def summarize(path: Annotated[Path, typer.Argument(help="a workload JSONL file")]) -> None:
+        """Print a workload's statistics as JSON."""
+        print(json.dumps(load_workload(path).summary(), indent=2))
+
+    app.add_typer(wl, name="workload")
