@@ -1,0 +1,335 @@
+"""Calibrated performance model: fitted coefficients (a small JSON document) composed with model shapes.
+
+A ``Calibration`` is per GPU kind. It holds
+- kernel fits (GEMM, decode attention, prefill attention, elementwise, all-reduce curves per TP degree), which
+  ``compose`` scales by any model's shapes (layers, heads, hidden, intermediate, experts, vocab): fitted on
+  Llama-3-8B-shaped kernels, they apply to Qwen3-8B, Qwen3-30B-A3B or Llama-2-70B on the same GPU;
+- per-step host overhead;
+- optional whole-step fits for one (model, TP) measured end to end by the project's profiler (``StepFit``);
+  these take precedence over the kernel composition for that model and TP;
+- switching times where measured: KV transfer per byte (GPU-wide, ``switch``); engine start, wake, weight sync
+  and role switch with the model they were measured on (``StepFit.switch``);
+- the fit's error report (MAPE per phase) and the command that produced it.
+
+Any term a calibration does not have falls back to the roofline model. Load with ``load_calibration(path)``
+(or ``load_calibrated(path)`` for a ready ``PerfModel``); the shipped H100/H200 files live in
+``rollplan/models/data/calibrated_<gpu>.json``. The format is documented in docs/perf.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from rollplan.models.errors import SchemaError, UserInputError
+from rollplan.models.io import from_jsonable, to_jsonable
+from rollplan.models.perf.compose import LayerShapes, StepBreakdown, decode_step, prefill_step
+from rollplan.models.perf.kernels import (
+    Curve,
+    DecodeAttnFit,
+    ElementwiseFit,
+    FittedKernels,
+    GemmFit,
+    PrefillAttnFit,
+)
+from rollplan.models.perf.roofline import RooflinePerfModel, kv_bytes_per_token_per_gpu
+from rollplan.models.specs import GpuKind, ModelSpec, gpu_kind, model_spec
+
+SCHEMA = "rollplan.perf.calibration/1"
+SHIPPED_GPUS = ("h100", "h200")
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Time to move ``nbytes`` over one link: ``curve(nbytes)`` if measured as a curve, else
+    ``fixed_s + nbytes / bytes_per_s``."""
+
+    fixed_s: float = 0.0
+    bytes_per_s: float | None = None
+    curve: Curve | None = None
+
+    def time(self, nbytes: float) -> float:
+        if self.curve is not None:
+            return self.curve(nbytes)
+        return self.fixed_s + (nbytes / self.bytes_per_s if self.bytes_per_s else 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchFit:
+    """Measured switching times (seconds); ``None`` = not measured (roofline fallback).
+
+    ``weight_sync`` scales with the model's weight bytes when it has a bandwidth, else it is a constant.
+    ``kv_same_node`` / ``kv_cross_node`` take the KV bytes one GPU of the TP group sends.
+    """
+
+    engine_start_s: float | None = None
+    wake_s: float | None = None
+    role_switch_s: float | None = None
+    weight_sync: Transfer | None = None
+    kv_same_node: Transfer | None = None
+    kv_cross_node: Transfer | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepFit:
+    """Whole-step fits for one model at one TP degree (from profiler output), seconds.
+
+    decode step = ``decode[0] + decode[1] * batch + decode[2] * batch * kv_tokens``;
+    prefill = ``prefill[0] + prefill[1] * tokens + prefill[2] * sum(n * (cached + n / 2)) + prefill[3] * seqs``.
+    All coefficients are >= 0, so both are monotone in every argument. ``switch`` holds switching times
+    measured with this model; they take precedence over the calibration-wide ``switch``.
+    """
+
+    model: str
+    tp: int
+    decode: tuple[float, float, float] | None = None
+    prefill: tuple[float, float, float, float] | None = None
+    kv_capacity_tokens: int | None = None  # as the engine reported it (e.g. vLLM CPU's VLLM_CPU_KVCACHE_SPACE)
+    switch: SwitchFit | None = None  # switching measured on this model (engine start, wake, sync, role switch)
+
+    def decode_time(self, batch: int, kv_tokens: float) -> float:
+        assert self.decode is not None
+        a, b, c = self.decode
+        return a + b * batch + c * batch * kv_tokens
+
+    def prefill_time(self, new: Sequence[int], cached: Sequence[int]) -> float:
+        assert self.prefill is not None
+        a, b, c, d = self.prefill
+        work = sum(n * (k + n / 2.0) for n, k in zip(new, cached, strict=True))
+        return a + b * sum(new) + c * work + d * sum(1 for n in new if n > 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Fitted coefficients for one GPU kind. See the module docstring; ``report`` holds the fit's errors."""
+
+    gpu: str
+    schema: str = SCHEMA
+    source: str = ""
+    gemm: GemmFit | None = None
+    attn_decode: DecodeAttnFit | None = None
+    attn_prefill: PrefillAttnFit | None = None
+    elementwise: ElementwiseFit | None = None
+    allreduce: dict[int, Curve] = field(default_factory=dict)
+    step_overhead_s: float | None = None
+    step_overhead_per_seq_s: float | None = None
+    steps: tuple[StepFit, ...] = ()
+    switch: SwitchFit = SwitchFit()
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def step_fit(self, model: str, tp: int) -> StepFit | None:
+        for s in self.steps:
+            if s.model == model and s.tp == tp:
+                return s
+        return None
+
+    def kernels(self, roofline: RooflinePerfModel) -> FittedKernels:
+        return FittedKernels(
+            roofline=roofline.kernels,
+            gemm_fit=self.gemm,
+            decode_fit=self.attn_decode,
+            prefill_fit=self.attn_prefill,
+            elementwise_fit=self.elementwise,
+            allreduce_curves=tuple(sorted(self.allreduce.items())),
+            overhead_s=self.step_overhead_s,
+            overhead_per_seq_s=self.step_overhead_per_seq_s,
+        )
+
+    def perf_model(self, model: str | ModelSpec, tp: int = 1, *, gpu: GpuKind | None = None) -> CalibratedPerfModel:
+        """The ``CalibratedPerfModel`` of ``model`` at ``tp`` on this calibration's GPU (``gpu`` overrides the
+        preset lookup, e.g. for a GPU kind that is not a preset)."""
+        return CalibratedPerfModel(gpu or gpu_kind(self.gpu), model_spec(model), tp, self)
+
+
+@dataclass(frozen=True, slots=True)
+class CalibratedPerfModel:
+    """``PerfModel`` from a ``Calibration``; every unmeasured term comes from ``RooflinePerfModel``."""
+
+    gpu: GpuKind
+    model: ModelSpec
+    tp: int
+    calibration: Calibration
+    # Derived once (the simulator calls the step functions in loops).
+    roofline: RooflinePerfModel = field(init=False, repr=False, compare=False)
+    _kernels: FittedKernels = field(init=False, repr=False, compare=False)
+    _shapes: LayerShapes = field(init=False, repr=False, compare=False)
+    _step: StepFit | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        roofline = RooflinePerfModel(self.gpu, self.model, self.tp)
+        object.__setattr__(self, "roofline", roofline)
+        object.__setattr__(self, "_kernels", self.calibration.kernels(roofline))
+        object.__setattr__(self, "_shapes", LayerShapes.of(self.model, self.tp))
+        object.__setattr__(self, "_step", self.calibration.step_fit(self.model.name, self.tp))
+
+    @property
+    def kernels(self) -> FittedKernels:
+        return self._kernels
+
+    # -- steps --------------------------------------------------------------------------------------------------
+    def decode_breakdown(self, batch: int, kv_tokens: float) -> StepBreakdown:
+        """Kernel composition (ignores a whole-step profile fit; see ``decode_step_time``)."""
+        return decode_step(self._kernels, self._shapes, batch, kv_tokens)
+
+    def prefill_breakdown(self, prompt_tokens: Sequence[int], cached_tokens: Sequence[int] | None = None) -> StepBreakdown:
+        """Kernel composition (ignores a whole-step profile fit; see ``prefill_time``)."""
+        cached = list(cached_tokens) if cached_tokens is not None else [0] * len(prompt_tokens)
+        return prefill_step(self._kernels, self._shapes, list(prompt_tokens), cached)
+
+    def prefill_time(self, prompt_tokens: Sequence[int], cached_tokens: Sequence[int] | None = None) -> float:
+        if sum(prompt_tokens) <= 0:
+            return 0.0
+        step = self._step
+        if step is not None and step.prefill is not None:
+            cached = list(cached_tokens) if cached_tokens is not None else [0] * len(prompt_tokens)
+            return step.prefill_time(list(prompt_tokens), cached)
+        return self.prefill_breakdown(prompt_tokens, cached_tokens).total
+
+    def decode_step_time(self, batch: int, kv_tokens: float) -> float:
+        if batch <= 0:
+            return 0.0
+        kv_tokens = max(kv_tokens, 0.0)
+        step = self._step
+        if step is not None and step.decode is not None:
+            return step.decode_time(batch, kv_tokens)
+        return self.decode_breakdown(batch, kv_tokens).total
+
+    # -- memory: measured by a profile, else arithmetic ---------------------------------------------------------
+    def kv_capacity_tokens(self, mem_util: float = 0.9) -> int:
+        step = self._step
+        if step is not None and step.kv_capacity_tokens is not None:
+            return step.kv_capacity_tokens
+        return self.roofline.kv_capacity_tokens(mem_util)
+
+    def kv_capacity_seqs(self, context_tokens: float, mem_util: float = 0.9) -> int:
+        return int(self.kv_capacity_tokens(mem_util) // max(context_tokens, 1.0))
+
+    def weight_bytes(self) -> int:
+        return self.model.weight_bytes
+
+    # -- switching: this model's measurements, then the GPU-wide ones, then the roofline -------------------------
+    def _switch(self, name: str) -> Any:
+        for sw in (self._step.switch if self._step is not None else None, self.calibration.switch):
+            value = getattr(sw, name) if sw is not None else None
+            if value is not None:
+                return value
+        return None
+
+    def kv_transfer_time(self, tokens: int, same_node: bool) -> float:
+        link = self._switch("kv_same_node" if same_node else "kv_cross_node")
+        if link is None:
+            return self.roofline.kv_transfer_time(tokens, same_node)
+        return link.time(max(tokens, 0) * kv_bytes_per_token_per_gpu(self.model, self.tp))
+
+    def cold_start_time(self) -> float:
+        s = self._switch("engine_start_s")
+        return self.roofline.cold_start_time() if s is None else s
+
+    def wake_time(self) -> float:
+        s = self._switch("wake_s")
+        return self.roofline.wake_time() if s is None else s
+
+    def weight_sync_time(self, same_node: bool = False) -> float:
+        ws = self._switch("weight_sync")
+        if ws is None:
+            return self.roofline.weight_sync_time(same_node)
+        return ws.time(self.model.weight_bytes / self.tp)
+
+    def role_switch_time(self) -> float:
+        s = self._switch("role_switch_s")
+        return self.roofline.role_switch_time() if s is None else s
+
+    def reprefill_time(self, context_tokens: int) -> float:
+        return self.prefill_time([context_tokens]) if context_tokens > 0 else 0.0
+
+
+# --- load / save ------------------------------------------------------------------------------------------------
+
+
+def calibration_from_dict(data: Mapping[str, Any], *, source: str = "<calibration>") -> Calibration:
+    """Validate a parsed calibration document. Raises ``SchemaError`` naming the field."""
+    if not isinstance(data, Mapping):
+        raise SchemaError(source, "a calibration must be a JSON object", fix="regenerate it with `rollplan perf fit`")
+    schema = data.get("schema", SCHEMA)
+    if schema != SCHEMA:
+        raise SchemaError(f"{source}: schema", f"unsupported calibration schema {schema!r} (expected {SCHEMA!r})",
+                          fix="regenerate it with `rollplan perf fit`")
+    try:
+        return from_jsonable(Calibration, dict(data), source=source)
+    except SchemaError as err:
+        raise SchemaError(err.values["where"], err.values["problem"],
+                          fix="regenerate it with `rollplan perf fit` (format: docs/perf.md)") from None
+
+
+def calibration_to_dict(cal: Calibration) -> dict[str, Any]:
+    return to_jsonable(cal)
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """Read a calibration JSON file (explicit I/O). Raises ``UserInputError`` subclasses on a bad file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise UserInputError(f"cannot read calibration file {str(p)!r}: {err.strerror}",
+                             fix="pass an existing file written by `rollplan perf fit --out`") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SchemaError(f"{p}:{err.lineno}", f"not valid JSON ({err.msg})", fix="regenerate it with `rollplan perf fit`") from None
+    return calibration_from_dict(data, source=str(p))
+
+
+def save_calibration(cal: Calibration, path: str | Path) -> None:
+    """Write ``cal`` as indented JSON (explicit I/O)."""
+    Path(path).write_text(json.dumps(calibration_to_dict(cal), indent=1, sort_keys=False) + "\n")
+
+
+@cache
+def shipped_calibration(gpu: str) -> Calibration:
+    """The calibration shipped as package data for ``gpu`` (H100, H200). Raises ``UserInputError`` otherwise."""
+    key = gpu_kind(gpu).name
+    if key not in SHIPPED_GPUS:
+        raise UserInputError(
+            f"no calibration is shipped for GPU kind {key!r} (shipped: {', '.join(SHIPPED_GPUS)})",
+            fix="fit one with `rollplan perf fit` and pass it as calibration=PATH (CLI: --calibration PATH), "
+            "or use the roofline model",
+        )
+    res = resources.files("rollplan.models").joinpath("data", f"calibrated_{key}.json")
+    try:
+        text = res.read_text()
+    except OSError:
+        raise UserInputError(f"the shipped calibration for {key} is missing from the installed package",
+                             fix="run `make calibrate` (needs ../shared/data) or reinstall rollplan-models") from None
+    return calibration_from_dict(json.loads(text), source=f"calibrated_{key}.json")
+
+
+def calibrated_perf_model(
+    gpu: str | GpuKind, model: str | ModelSpec, tp: int = 1, *, calibration: Calibration | str | Path | None = None
+) -> CalibratedPerfModel:
+    """A ``CalibratedPerfModel``: from ``calibration`` (object or file path) if given, else the shipped one."""
+    g = gpu_kind(gpu)
+    if calibration is None:
+        cal = shipped_calibration(g.name)
+    elif isinstance(calibration, Calibration):
+        cal = calibration
+    else:
+        cal = load_calibration(calibration)
+    return CalibratedPerfModel(g, model_spec(model), tp, cal)
+
+
+def load_calibrated(path: str | Path, model: str | ModelSpec | None = None, tp: int | None = None) -> CalibratedPerfModel:
+    """Load a calibration file and return its ``PerfModel``. ``model``/``tp`` default to the file's only
+    whole-step fit (a profiler calibration); a kernel-level calibration needs ``model``."""
+    cal = load_calibration(path)
+    if model is None:
+        if len(cal.steps) != 1:
+            raise UserInputError(f"{path}: say which model to use (the file has {len(cal.steps)} model-specific fits)",
+                                 fix="pass model= (and tp=) to load_calibrated")
+        model, tp = cal.steps[0].model, cal.steps[0].tp if tp is None else tp
+    return cal.perf_model(model, tp or 1)

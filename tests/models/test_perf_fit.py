@@ -1,0 +1,246 @@
+"""Fitting calibrations: numeric tools, profiler JSONL, and the shared measured tables.
+
+Invariants (hypothesis):
+- NNLS returns non-negative coefficients and recovers exact non-negative solutions;
+- isotonic regression output is non-decreasing and keeps the mean;
+- a monotone curve fitted to any points is non-decreasing.
+
+The profile tests use synthetic measurements generated from known coefficients (a stand-in for the
+executor's profiler output, which needs real engines): the fit must recover them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollplan.models import gpu_kind
+from rollplan.models.errors import TraceError, UserInputError
+from rollplan.models.perf import (
+    Calibration,
+    load_calibrated,
+    perf_model,
+    save_calibration,
+    shipped_calibration,
+)
+from rollplan.models.perf import fit as fitting
+from rollplan.models.perf.numeric import isotonic, nnls
+
+# --- numeric tools --------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_nnls_recovers_non_negative_solutions(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    a = rng.random((30, 4)) + 0.1
+    x = rng.random(4) * (rng.random(4) > 0.3)
+    got = nnls(a, a @ x)
+    assert np.all(got >= 0)
+    assert np.allclose(got, x, atol=1e-6)
+    # With a target that wants negative weights, coefficients stay >= 0.
+    assert np.all(nnls(a, a @ (x - 1.0)) >= 0)
+
+
+@given(st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=40))
+def test_isotonic_non_decreasing_and_mean_preserving(y: list[float]) -> None:
+    out = isotonic(y)
+    assert len(out) == len(y)
+    assert np.all(np.diff(out) >= -1e-9)
+    assert np.mean(out) == pytest.approx(np.mean(y), abs=1e-6)
+
+
+@given(st.lists(st.tuples(st.floats(1, 1e9), st.floats(1e-6, 1.0)), min_size=2, max_size=60))
+def test_monotone_curve(points: list[tuple[float, float]]) -> None:
+    curve, err = fitting.monotone_curve(points, max_knots=8)
+    xs = [*sorted({x for x, _ in points}), 2000000000.0]
+    ys = [curve(x) for x in xs]
+    assert all(b >= a * (1 - 1e-9) for a, b in itertools.pairwise(ys))
+    assert err >= 0
+
+
+# --- profiler JSONL -----------------------------------------------------------------------------------------
+
+DEC = (0.004, 5e-4, 1e-6)  # fixed, per sequence, per (sequence x KV token)
+PRE = (0.005, 5e-5, 5e-8, 2e-4)  # fixed, per token, per attention work, per sequence
+
+
+def synthetic_profile() -> list[str]:
+    lines = ["# synthetic profiler output (known coefficients)"]
+    for b in (1, 2, 4, 8, 16):
+        for kv in (10, 100, 300, 1000):
+            t = DEC[0] + DEC[1] * b + DEC[2] * b * kv
+            lines.append(json.dumps({"phase": "decode", "batch": b, "kv_tokens": kv, "seconds": t}))
+    for prompts, cached in (([64], [0]), ([128, 64], [0, 0]), ([256], [0]), ([32] * 4, [0] * 4), ([100], [200]), ([500, 20], [0, 40])):
+        work = sum(n * (c + n / 2) for n, c in zip(prompts, cached, strict=True))
+        t = PRE[0] + PRE[1] * sum(prompts) + PRE[2] * work + PRE[3] * len(prompts)
+        lines.append(json.dumps({"phase": "prefill", "prompt_tokens": prompts, "cached_tokens": cached, "seconds": t}))
+    lines += [
+        '{"phase": "engine_start", "seconds": 1.8}',
+        '{"phase": "engine_start", "seconds": 2.2}',
+        '{"phase": "wake", "seconds": 0.05}',
+        '{"phase": "weight_sync", "seconds": 0.03}',
+        '{"phase": "role_switch", "seconds": 0.02}',
+        '{"phase": "kv_transfer", "tokens": 100, "same_node": true, "seconds": 0.0011}',
+        '{"phase": "kv_transfer", "tokens": 1000, "same_node": true, "seconds": 0.002}',
+        '{"phase": "kv_capacity", "tokens": 65536}',
+        "",
+    ]
+    return lines
+
+
+def test_fit_profile_recovers_known_coefficients(tmp_path: Path) -> None:
+    records = fitting.parse_profile(synthetic_profile(), source="synthetic.jsonl")
+    cal = fitting.fit_profile(records, "cpu", "tiny")
+    step = cal.step_fit("tiny", 1)
+    assert step is not None and step.decode is not None and step.prefill is not None
+    assert np.allclose(step.decode, DEC, rtol=1e-6, atol=1e-12)
+    assert np.allclose(step.prefill, PRE, rtol=1e-5, atol=1e-12)
+    assert cal.report["mape"]["decode_step"] < 1e-6 and cal.report["mape"]["prefill"] < 1e-6
+    assert step.switch is not None and step.switch.engine_start_s == pytest.approx(2.0)
+    path = tmp_path / "cpu_tiny.json"
+    save_calibration(cal, path)
+    perf = load_calibrated(path)
+    assert perf.decode_step_time(8, 300) == pytest.approx(DEC[0] + DEC[1] * 8 + DEC[2] * 2400)
+    assert perf.prefill_time([100], [200]) == pytest.approx(PRE[0] + PRE[1] * 100 + PRE[2] * 100 * 250 + PRE[3])
+    assert (perf.cold_start_time(), perf.wake_time(), perf.weight_sync_time(), perf.role_switch_time()) == pytest.approx(
+        (2.0, 0.05, 0.03, 0.02))
+    # 1 ms fixed + 1 us per token (1024 bytes per token on the tiny model).
+    assert perf.kv_transfer_time(500, True) == pytest.approx(0.0011 + 400 * 0.0009 / 900, rel=1e-6)
+    assert perf.kv_transfer_time(500, False) == perf.roofline.kv_transfer_time(500, False)  # not measured
+    assert perf.kv_capacity_tokens() == 65536
+    assert perf_model("cpu", "tiny", calibrated=True, calibration=path).decode_step_time(2, 10) == pytest.approx(
+        DEC[0] + 2 * DEC[1] + 20 * DEC[2])
+
+
+def test_fit_profile_with_few_points_falls_back_to_fewer_terms() -> None:
+    recs = fitting.parse_profile([
+        '{"phase": "decode", "batch": 4, "kv_tokens": 100, "seconds": 0.01}',
+        '{"phase": "prefill", "prompt_tokens": [128], "seconds": 0.02}',
+        '{"phase": "prefill", "prompt_tokens": [256], "seconds": 0.03}',
+    ])
+    step = fitting.fit_profile(recs, "cpu", "tiny").step_fit("tiny", 1)
+    assert step is not None and step.decode == (0.01, 0.0, 0.0)
+    assert step.prefill is not None and step.prefill_time([128], [0]) == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ("{not json", "p.jsonl:2: not valid JSON"),
+        ("[1, 2]", "p.jsonl:2: expected a JSON object"),
+        ('{"phase": "warp", "seconds": 1}', "p.jsonl:2: unknown phase 'warp'"),
+        ('{"phase": "decode", "batch": 4, "kv_tokens": 10}', "p.jsonl:2: missing field 'seconds'"),
+        ('{"phase": "decode", "batch": 0, "kv_tokens": 10, "seconds": 0.1}', "p.jsonl:2: decode needs batch >= 1"),
+        ('{"phase": "decode", "batch": "8", "kv_tokens": 10, "seconds": 0.1}', "p.jsonl:2: field 'batch' must be an integer"),
+        ('{"phase": "decode", "batch": 8, "kv_tokens": 10, "seconds": -1}', "p.jsonl:2: field 'seconds' must be > 0"),
+        ('{"phase": "prefill", "prompt_tokens": [0], "seconds": 0.1}', "p.jsonl:2: prefill needs prompt_tokens"),
+        ('{"phase": "prefill", "prompt_tokens": [5], "cached_tokens": [1, 2], "seconds": 0.1}', "p.jsonl:2: prefill needs"),
+        ('{"phase": "kv_transfer", "seconds": 0.1}', "p.jsonl:2: kv_transfer needs tokens"),
+        ('{"phase": "kv_capacity", "tokens": -3}', "p.jsonl:2: kv_capacity needs tokens > 0"),
+    ],
+)
+def test_parse_profile_errors_name_file_line(line: str, match: str) -> None:
+    with pytest.raises(TraceError, match=match) as info:
+        fitting.parse_profile(['{"phase": "wake", "seconds": 0.1}', line], source="p.jsonl")
+    assert "To fix:" in str(info.value)
+
+
+def test_read_profile_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match="cannot read profile"):
+        fitting.read_profile(tmp_path / "none.jsonl")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("# nothing\n\n")
+    with pytest.raises(TraceError, match="no measurements"):
+        fitting.read_profile(empty)
+
+
+def test_fit_tables_missing_data_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match="data folder"):
+        fitting.fit_tables(tmp_path / "nowhere", "h100")
+    with pytest.raises(UserInputError, match=r"measured table .* not found"):
+        fitting.fit_tables(tmp_path, "h100")
+    with pytest.raises(UserInputError, match="no measurements for GPU kind 'cpu'"):
+        fitting.fit_tables(tmp_path, "cpu")
+
+
+def test_burst_schedule_accounting() -> None:
+    sched = fitting.burst_schedule(40, 200, 150, max_num_seqs=16, max_batched_tokens=2048)
+    assert len(sched.outputs) == 40 and max(sched.step_seqs) <= 16
+    # Every prefill step admits at most 2048 / 200 = 10 prompts; every prompt is prefilled exactly once.
+    pre = [s for s, p in zip(sched.step_seqs, sched.step_prefill, strict=True) if p]
+    assert max(pre) <= 10 and sum(pre) == 40
+    assert all(a <= b for a, b in zip(sched.first, sched.last, strict=True))
+    res = fitting.burst_result(sched, [0.01] * len(sched.step_seqs))
+    assert res.duration_s == pytest.approx(0.01 * len(sched.step_seqs))
+    assert res.median_tpot_s >= 0.01  # at least one step per token, more when prefills interleave
+
+
+# --- shared measured tables -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def h100_fit(shared_data: Path) -> Calibration:
+    return fitting.fit_tables(shared_data, "h100")
+
+
+def test_h100_fit_meets_targets(h100_fit: Calibration) -> None:
+    rep = h100_fit.report
+    assert rep["mape"]["decode_step"]["mape"] <= 0.15
+    assert rep["mape"]["prefill"]["mape"] <= 0.15
+    assert all(v <= 0.15 for v in rep["mape"]["decode_step"]["by_tp"].values())
+    assert all(v <= 0.15 for v in rep["mape"]["prefill"]["by_tp"].values())
+    tpot = rep["tpot"]
+    big = [r for r in tpot["rows"] if r["num_prompts"] >= 20]
+    assert len(big) == 5 and all(abs(r["error"]) <= 0.20 for r in big)
+    assert all(rep["pass"].values())
+
+
+def test_h100_fit_is_physical(h100_fit: Calibration) -> None:
+    g = gpu_kind("h100")
+    assert h100_fit.gemm is not None and h100_fit.attn_decode is not None
+    assert 0.5 * g.bf16_flops < h100_fit.gemm.flops_per_s <= g.bf16_flops
+    assert 0.6 * g.hbm_bandwidth < h100_fit.gemm.weight_bytes_per_s <= g.hbm_bandwidth
+    assert 0.6 * g.hbm_bandwidth < h100_fit.attn_decode.kv_bytes_per_s <= g.hbm_bandwidth
+    assert 0.0 <= (h100_fit.step_overhead_s or 0.0) < 5e-3
+
+
+def test_shipped_h100_matches_a_fresh_fit(h100_fit: Calibration) -> None:
+    # The package data is what `make calibrate` writes: refitting reproduces it (up to float noise).
+    shipped = shipped_calibration("h100")
+    assert shipped.gemm is not None and h100_fit.gemm is not None
+    assert shipped.gemm.flops_per_s == pytest.approx(h100_fit.gemm.flops_per_s, rel=1e-3)
+    assert shipped.attn_decode is not None and h100_fit.attn_decode is not None
+    assert shipped.attn_decode.kv_bytes_per_s == pytest.approx(h100_fit.attn_decode.kv_bytes_per_s, rel=1e-3)
+    assert shipped.report["mape"]["decode_step"]["mape"] == pytest.approx(h100_fit.report["mape"]["decode_step"]["mape"], abs=1e-3)
+    assert shipped.step_overhead_s == pytest.approx(h100_fit.step_overhead_s, rel=1e-3)
+
+
+def test_h200_fit_meets_targets(shared_data: Path) -> None:
+    rep = fitting.fit_tables(shared_data, "h200").report
+    assert rep["mape"]["decode_step"]["mape"] <= 0.15 and rep["mape"]["prefill"]["mape"] <= 0.15
+    assert rep["step_overhead"]["fitted_on"].endswith("(h100)")  # no H200 sweep: host overhead from H100
+
+
+def test_profile_switching_belongs_to_its_model() -> None:
+    # A profile of Llama-3-8B on H100 on top of the shipped kernel fit: its engine start applies to that model
+    # only, while its KV-link measurement (per byte) applies GPU-wide.
+    recs = fitting.parse_profile([
+        '{"phase": "engine_start", "seconds": 30.0}',
+        '{"phase": "kv_transfer", "tokens": 1000, "same_node": false, "seconds": 0.01}',
+        '{"phase": "kv_transfer", "tokens": 2000, "same_node": false, "seconds": 0.015}',
+    ])
+    cal = fitting.fit_profile(recs, "h100", "llama-3-8b", base=shipped_calibration("h100"))
+    llama, qwen = cal.perf_model("llama-3-8b", 1), cal.perf_model("qwen3-8b", 1)
+    assert llama.cold_start_time() == 30.0
+    assert qwen.cold_start_time() == qwen.roofline.cold_start_time()
+    assert llama.kv_transfer_time(1000, False) == pytest.approx(0.01)
+    assert qwen.kv_transfer_time(1000, False) > llama.kv_transfer_time(1000, False)  # more KV bytes per token
+    # Without decode/prefill records the kernel composition still answers for both.
+    assert llama.decode_step_time(8, 300) == pytest.approx(shipped_calibration("h100").perf_model("llama-3-8b").decode_step_time(8, 300))
