@@ -183,37 +183,68 @@ def _decode_line(perf: PerfModel, kv_tokens: float) -> tuple[float, float]:
     return a, c
 
 
-def _slot_coeffs(slot: Slot, perf: PerfModel, snap: ClusterSnapshot, kv_ref: float, mem_util: float) -> SlotCoeffs:
+@dataclass(frozen=True, slots=True)
+class _TypeNumbers:
+    """What a PerfModel says about one (gpu kind, tp) engine type; computed once per type per instance."""
+
+    a: float
+    c: float
+    mu: float
+    kv_capacity: float
+    cold: float
+    wake: float
+    sync: float
+    tau_ref: float
+    same: float
+    cross: float
+
+
+def _type_numbers(perf: PerfModel, kv_ref: float, mem_util: float) -> _TypeNumbers:
     a, c = _decode_line(perf, kv_ref)
     mu = PREFILL_CHUNK / perf.prefill_time([PREFILL_CHUNK], [int(kv_ref)])
-    if slot.engine is EngineState.NONE:
-        engine_s, sync_s = perf.cold_start_time(), 0.0  # a cold start loads the newest weights
-    else:
-        engine_s = perf.wake_time() if slot.engine is EngineState.SLEEPING else 0.0
-        sync_s = perf.weight_sync_time() if slot.weights_version < snap.weights_version else 0.0
     kvcap = float(perf.kv_capacity_tokens(mem_util))
     probe = 1 << 20
     same = probe / max(perf.kv_transfer_time(probe, True) - perf.kv_transfer_time(0, True), 1e-12)
     cross = probe / max(perf.kv_transfer_time(probe, False) - perf.kv_transfer_time(0, False), 1e-12)
     batch_ref = min(BATCH_REF, max(1.0, kvcap / max(kv_ref, 1.0)))
+    return _TypeNumbers(
+        a=a,
+        c=c,
+        mu=mu,
+        kv_capacity=kvcap,
+        cold=perf.cold_start_time(),
+        wake=perf.wake_time(),
+        sync=perf.weight_sync_time(),
+        tau_ref=a + c * batch_ref,
+        same=same,
+        cross=cross,
+    )
+
+
+def _slot_coeffs(slot: Slot, nums: _TypeNumbers, snap: ClusterSnapshot) -> SlotCoeffs:
+    if slot.engine is EngineState.NONE:
+        engine_s, sync_s = nums.cold, 0.0  # a cold start loads the newest weights
+    else:
+        engine_s = nums.wake if slot.engine is EngineState.SLEEPING else 0.0
+        sync_s = nums.sync if slot.weights_version < snap.weights_version else 0.0
     return SlotCoeffs(
         id=slot.id,
         node=slot.node,
         tp=slot.tp,
         gpu=slot.gpu,
-        a=a,
-        c=c,
-        mu=mu,
-        kv_capacity=kvcap,
+        a=nums.a,
+        c=nums.c,
+        mu=nums.mu,
+        kv_capacity=nums.kv_capacity,
         on_seconds=engine_s + sync_s,
         engine_seconds=engine_s,
         sync_seconds=sync_s,
         current_role=slot.role,
         engine=slot.engine,
         deadline=None if slot.return_by is None else slot.return_by - snap.time,
-        tau_ref=a + c * batch_ref,
-        same_node_kv_rate=same,
-        cross_node_kv_rate=cross,
+        tau_ref=nums.tau_ref,
+        same_node_kv_rate=nums.same,
+        cross_node_kv_rate=nums.cross,
     )
 
 
@@ -254,13 +285,13 @@ def build_instance(snapshot: ClusterSnapshot, config: PlannerConfig) -> Instance
         for t in unfinished
     ]
     kv_ref = sum(t.kbar for t in raw) / len(raw) if raw else 1024.0
-    perf_cache: dict[tuple[str, int], PerfModel] = {}
+    type_cache: dict[tuple[str, int], _TypeNumbers] = {}
     slots = []
     for s in snapshot.slots:
         key = (s.gpu, s.tp)
-        if key not in perf_cache:
-            perf_cache[key] = provider(s.gpu, s.tp)
-        slots.append(_slot_coeffs(s, perf_cache[key], snapshot, kv_ref, config.mem_util))
+        if key not in type_cache:  # slots of one (gpu, tp) type share every perf-derived number
+            type_cache[key] = _type_numbers(provider(s.gpu, s.tp), kv_ref, config.mem_util)
+        slots.append(_slot_coeffs(s, type_cache[key], snapshot))
     inst = Instance(
         snapshot=snapshot, config=config, slots=tuple(slots), trajs=tuple(raw), kv_bytes_per_token=spec.kv_bytes_per_token
     )
@@ -272,10 +303,12 @@ def _check_hostable(inst: Instance) -> None:
     reasons: list[str] = []
     if inst.trajs and not inst.slots:
         reasons.append(f"{len(inst.trajs)} unfinished trajectories but no slots")
-    usable = [s for s, sl in enumerate(inst.slots) if sl.deadline is None or sl.deadline > 0]
-    for j, t in enumerate(inst.trajs):
-        if inst.slots and not any(inst.fits(j, s) for s in usable):
-            best = max((inst.slots[s].kv_capacity for s in usable), default=0.0)
+    usable = [sl for sl in inst.slots if sl.deadline is None or sl.deadline > 0]
+    if inst.trajs and inst.slots and not usable:
+        reasons.append(f"{len(inst.trajs)} unfinished trajectories but every slot is past its return deadline")
+    best = max((sl.kv_capacity for sl in usable), default=0.0)
+    for t in inst.trajs:
+        if usable and t.peak_kv > best:  # fits() is peak_kv <= kv_capacity: the largest usable slot decides
             reasons.append(f"trajectory {t.id!r} needs {t.peak_kv:.0f} KV tokens but the largest usable slot holds {best:.0f}")
         if len(reasons) >= 5:
             break

@@ -1,0 +1,38 @@
+"""rollplan.solver: plan GPU roles, the P:D ratio and trajectory placement for one cluster snapshot.
+
+Pure: no I/O beyond explicit load/save functions, no clock reads (``PlannerConfig.clock`` is injected),
+never imports ray, vllm or torch.
+
+    from rollplan.solver import plan, Planner, PlannerConfig
+    p = plan(snapshot, config=PlannerConfig(backend="greedy", time_limit=0.5))
+    p.roles, p.placement, p.actions, p.makespan, p.lower_bound, p.gap, p.status
+
+See docs/formulation.md for the model and ``rollplan.solver.instance`` for its notations.
+"""
+
+from rollplan.solver.api import Planner, load_backend, map_previous, plan
+from rollplan.solver.bounds import compute_bounds, critical_path_bound, work_bound
+from rollplan.solver.config import BACKENDS, PlannerConfig
+from rollplan.solver.evaluate import Evaluation, evaluate, evaluate_ids
+from rollplan.solver.examples import example_snapshot
+from rollplan.solver.instance import Instance, build_instance
+from rollplan.solver.validate import validate_plan
+
+__all__ = [
+    "BACKENDS",
+    "Evaluation",
+    "Instance",
+    "Planner",
+    "PlannerConfig",
+    "build_instance",
+    "compute_bounds",
+    "critical_path_bound",
+    "evaluate",
+    "evaluate_ids",
+    "example_snapshot",
+    "load_backend",
+    "map_previous",
+    "plan",
+    "validate_plan",
+    "work_bound",
+]

@@ -1,0 +1,302 @@
+"""Lower bounds on the optimal makespan of the formulation (``instance`` Notations, priced by ``evaluate``).
+
+Every bound here is valid for *every* decision ``evaluate`` accepts without problems (each trajectory on a
+decoding slot its peak KV fits, a PREFILL slot whenever a DECODE slot hosts prefill work), deadlines
+included or not: a DEADLINE_RELAXED plan is still bounded. So ``bound <= min makespan <= any plan's makespan``.
+
+Let stlb_s = on_s + (role_switch if slot s is OFF now else 0): the least st_s of any role but OFF.
+
+``critical_path`` — for slot s hosting j (either decoding role), ``evaluate`` gives
+    T_s >= st_s + max(CP_js, c_s D_j + a_s D_j + m_js + min(P_j / mu_s, x_js))
+(decode_time >= (c_s + a_s) D_j since max(max D, sum O w) >= D_j; extra >= m_js + its own prefill share:
+P_j / mu_s on MIXED, x_js on DECODE). Hence C >= max_j min_{s: j fits s} (stlb_s + that). For s != home(j),
+m_js >= min(1e-3 + ctx_j / max(same_s, cross_s), ctx_j / mu_s); at home m = 0 (and m = 0 when the KV is lost).
+
+``work`` — every slot s spends at most C - st_s <= C - stlb_s seconds working, and j costs its host
+dec_js = c_s D_j + a_s O_js w_js seconds (sum of the per-slot decode time's linear part: a max(.) >= a sum O w)
+plus P_j / mu_q on whichever slot q prefills it (its MIXED host, or a PREFILL slot). For any weights v_s >= 0:
+    sum_s v_s (C - stlb_s)^+ >= sum_j [ min_{s: fits} v_s dec_js + P_j min_q v_q / mu_q ] = W_v
+so C >= the water-filling finish of W_v over starts stlb_s at rates v_s. Weights are taken per slot type
+(slots of one type share every coefficient): uniform, and 1 / (mean work of a trajectory on the type); the
+larger result is kept. KV transfer and migration seconds are dropped (>= 0), which keeps it valid.
+
+Deadlines (``on_time``): a plan without violations finishes every slot by its deadline, so for such plans
+the work bound closes each slot's window at min(C, d_s) and the critical-path bound only counts slots where
+j's own time ends by d_s. ``plan()`` reports these when its plan has no violations, the deadline-free ones
+otherwise (a DEADLINE_RELAXED plan may beat an on-time bound).
+
+``lp`` — the LP relaxation of the MILP (``rollplan.solver.backends.milp.lp_bound``), when that backend is
+installed and the budget allows.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from rollplan.models.types import Role
+from rollplan.solver.evaluate import waterfill_finish
+from rollplan.solver.instance import MAX_NUM_SEQS, Instance
+
+log = logging.getLogger(__name__)
+
+BOUND_WORK = "work_capacity"
+BOUND_CRITICAL_PATH = "critical_path"
+BOUND_LP = "lp_relaxation"
+
+
+ROLE_CODE = {Role.OFF: 0, Role.MIXED: 1, Role.PREFILL: 2, Role.DECODE: 3}
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceArrays:
+    """The instance's coefficients as numpy vectors (per slot / per trajectory), built once per ``plan()``.
+
+    Shared by the bounds and the greedy backend. ``deadline`` is +inf where a slot has none; ``home`` is -1
+    where a trajectory has no home (new, or its KV was lost). ``type_of[s]`` indexes slot types (slots equal
+    in every perf coefficient); ``rep[k]`` is one slot of type k.
+    """
+
+    stlb: np.ndarray
+    on: np.ndarray
+    a: np.ndarray
+    c: np.ndarray
+    mu: np.ndarray
+    kv: np.ndarray
+    tau: np.ndarray
+    same: np.ndarray
+    cross: np.ndarray
+    tp: np.ndarray
+    deadline: np.ndarray
+    cur_code: np.ndarray
+    type_of: np.ndarray
+    rep: np.ndarray
+    D: np.ndarray
+    P: np.ndarray
+    W: np.ndarray
+    kbar: np.ndarray
+    peak: np.ndarray
+    ctx: np.ndarray
+    home: np.ndarray
+
+
+def instance_arrays(inst: Instance) -> InstanceArrays:
+    """``InstanceArrays`` of ``inst`` (O(|S| + |J|))."""
+    rsw = inst.config.role_switch_seconds
+    sl, tr = inst.slots, inst.trajs
+    a = np.array([s.a for s in sl], dtype=float)
+    c = np.array([s.c for s in sl], dtype=float)
+    mu = np.array([s.mu for s in sl], dtype=float)
+    kv = np.array([s.kv_capacity for s in sl], dtype=float)
+    tau = np.array([s.tau_ref for s in sl], dtype=float)
+    same = np.array([s.same_node_kv_rate for s in sl], dtype=float)
+    cross = np.array([s.cross_node_kv_rate for s in sl], dtype=float)
+    if sl:
+        keys = np.stack([a, c, mu, kv, tau, same, cross], axis=1)
+        _, rep, type_of = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        type_of = type_of.reshape(-1)
+    else:
+        rep, type_of = np.zeros(0, dtype=int), np.zeros(0, dtype=int)
+    on = np.array([s.on_seconds for s in sl], dtype=float)
+    cur = np.array([ROLE_CODE[s.current_role] for s in sl], dtype=int)
+    return InstanceArrays(
+        stlb=on + np.where(cur == 0, rsw, 0.0),
+        on=on,
+        a=a,
+        c=c,
+        mu=mu,
+        kv=kv,
+        tau=tau,
+        same=same,
+        cross=cross,
+        tp=np.array([s.tp for s in sl], dtype=float),
+        deadline=np.array([math.inf if s.deadline is None else s.deadline for s in sl], dtype=float),
+        cur_code=cur,
+        type_of=type_of,
+        rep=rep,
+        D=np.array([t.decode for t in tr], dtype=float),
+        P=np.array([t.prefill for t in tr], dtype=float),
+        W=np.array([t.tool for t in tr], dtype=float),
+        kbar=np.array([t.kbar for t in tr], dtype=float),
+        peak=np.array([t.peak_kv for t in tr], dtype=float),
+        ctx=np.array([float(t.context) for t in tr], dtype=float),
+        home=np.array([-1 if t.home is None else t.home for t in tr], dtype=int),
+    )
+
+
+def capped_waterfill(starts: np.ndarray, rates: np.ndarray, ends: np.ndarray, work: float) -> float:
+    """Smallest T with sum rate * (min(T, end) - start)^+ >= work (inf when the windows cannot hold it).
+
+    Exact: the capacity is piecewise linear in T with breakpoints at the starts and ends; one sorted sweep.
+    """
+    if starts.size == 0:
+        return math.inf
+    if np.isinf(rates).any():  # a slot with nothing to do per batch: any open window holds the batch
+        return float(starts[np.isinf(rates)].min())
+    if work <= 0:
+        return 0.0
+    events: list[tuple[float, float]] = []
+    for s_, r, e in zip(starts.tolist(), rates.tolist(), ends.tolist(), strict=True):
+        if r > 0 and e > s_:
+            events.append((s_, r))
+            if e != math.inf:
+                events.append((e, -r))
+    if not events:
+        return math.inf
+    events.sort()
+    t, cap, slope = events[0][0], 0.0, 0.0
+    for tau, delta in events:
+        if slope > 0:
+            reach = cap + slope * (tau - t)
+            if reach >= work:
+                return t + (work - cap) / slope
+            cap = reach
+        t = tau
+        slope += delta
+    return t + (work - cap) / slope if slope > 1e-300 else math.inf
+
+
+def critical_path_bound(inst: Instance, arrays: InstanceArrays | None = None, *, on_time: bool = False) -> float:
+    """max_j min_s (stlb_s + j's own time on s): see the module docstring.
+
+    ``on_time``: valid only for decisions that finish every slot by its deadline; a slot then counts for j
+    only when j's own time on it ends by the deadline (inf when some j has no such slot).
+    """
+    if not inst.trajs or not inst.slots:
+        return 0.0
+    x = arrays if arrays is not None else instance_arrays(inst)
+    d, p, w, ctx, home = x.D, x.P, x.W, x.ctx, x.home
+    best = np.full(d.shape, math.inf)
+    lost = home < 0
+    for k, r in enumerate(x.rep):
+        a, c, mu, cross, same = x.a[r], x.c[r], x.mu[r], x.cross[r], x.same[r]
+        fits = x.peak <= x.kv[r]
+        cp = d * (a + c) + w + p / mu
+        own_prefill = np.minimum(p / mu, p / cross)
+        move = np.where(lost, 0.0, np.minimum(1e-3 + ctx / max(same, cross), ctx / mu))
+        own = np.maximum(cp, d * (a + c) + move + own_prefill)
+        members = np.nonzero(x.type_of == k)[0]
+        if on_time:
+            # The earliest start among the type's slots whose window (deadline - start) holds j's own time:
+            # windows sorted descending, prefix minimum of the starts, one binary search per j.
+            st_m = x.stlb[members]
+            win = x.deadline[members] - st_m
+            order = np.argsort(-win, kind="stable")
+            prefix_min = np.minimum.accumulate(st_m[order])
+            count = np.searchsorted(-win[order], -own + 1e-9, side="right")
+            away = np.where(count > 0, prefix_min[np.maximum(count - 1, 0)] + own, math.inf)
+        else:
+            away = x.stlb[members].min() + own
+        best = np.where(fits, np.minimum(best, away), best)
+    # At home: no move.
+    j = np.nonzero(~lost)[0]
+    if j.size:
+        h = home[j]
+        a, c, mu, cross = x.a[h], x.c[h], x.mu[h], x.cross[h]
+        fits = x.peak[j] <= x.kv[h]
+        cp = d[j] * (a + c) + w[j] + p[j] / mu
+        val = x.stlb[h] + np.maximum(cp, d[j] * (a + c) + np.minimum(p[j] / mu, p[j] / cross))
+        if on_time:
+            fits &= val <= x.deadline[h] + 1e-9
+        best[j] = np.where(fits, np.minimum(best[j], val), best[j])
+    if on_time:
+        return float(best.max())  # inf: some trajectory cannot finish on time anywhere
+    best = best[np.isfinite(best)]
+    return float(best.max()) if best.size else 0.0
+
+
+def type_work(x: InstanceArrays) -> tuple[np.ndarray, np.ndarray]:
+    """(dec[k, j], fit[k, j]): dec_jk = c_k D_j + a_k O_jk w_jk on slot type k, and whether j's KV fits k."""
+    n_types, n_j = len(x.rep), x.D.size
+    dec = np.empty((n_types, n_j))
+    fit = np.empty((n_types, n_j), dtype=bool)
+    for k, r in enumerate(x.rep):
+        kv = x.kv[r]
+        share = np.maximum(x.kbar / kv if kv > 0 else np.inf, 1.0 / MAX_NUM_SEQS)
+        occ = x.D + (x.W / x.tau[r] if x.tau[r] > 0 else 0.0)
+        dec[k] = x.c[r] * x.D + x.a[r] * (occ * share)
+        fit[k] = x.peak <= kv
+    return dec, fit
+
+
+def work_bound(inst: Instance, arrays: InstanceArrays | None = None, *, on_time: bool = False) -> float:
+    """Water-filling of the weighted total work over slot start times: see the module docstring.
+
+    ``on_time``: valid only for decisions that finish every slot by its deadline: each slot's window then
+    closes at its deadline (inf when the windows cannot hold the work).
+    """
+    if not inst.trajs or not inst.slots:
+        return 0.0
+    x = arrays if arrays is not None else instance_arrays(inst)
+    dec, fit = type_work(x)
+    n_types = len(x.rep)
+    p = x.P
+    mu = x.mu[x.rep]
+    weightings = [np.ones(n_types)]
+    if n_types > 1:
+        mean_work = np.array(
+            [dec[k][fit[k]].mean() + (p / mu[k]).mean() if fit[k].any() else np.inf for k in range(n_types)]
+        )
+        weightings.append(np.where(np.isfinite(mean_work) & (mean_work > 0), 1.0 / mean_work, 0.0))
+    best = 0.0
+    for v in weightings:
+        if not (v > 0).any():
+            continue
+        host = np.where(fit, v[:, None] * dec, np.inf).min(axis=0)
+        if not np.isfinite(host).all():
+            continue  # some j fits no positively weighted type: this weighting gives nothing
+        prefill_rate = (v / mu).min()
+        total = float(host.sum() + p.sum() * prefill_rate)
+        if on_time:
+            best = max(best, capped_waterfill(x.stlb, v[x.type_of], x.deadline, total))
+        else:
+            best = max(best, waterfill_finish(x.stlb.tolist(), v[x.type_of].tolist(), total))
+    return best
+
+
+def lp_bound(inst: Instance, budget: float) -> float | None:
+    """The LP relaxation bound of the MILP backend, or None (backend not installed, or no time)."""
+    try:
+        from rollplan.solver.backends.milp import lp_bound as milp_lp_bound
+    except ImportError:
+        return None
+    try:
+        return milp_lp_bound(inst, budget)
+    except Exception:  # a failing optional bound must never fail the plan; the others still hold
+        log.warning("LP relaxation bound failed", exc_info=True)
+        return None
+
+
+def compute_bounds(
+    inst: Instance,
+    *,
+    lp_budget: float = 0.0,
+    extra: Mapping[str, float | None] | None = None,
+    arrays: InstanceArrays | None = None,
+    on_time: bool = False,
+) -> dict[str, float]:
+    """Every bound by name (the LP one only when ``lp_budget`` > 0 and it returns a value).
+
+    ``extra``: further proven bounds (e.g. a backend's ``Decision.bound``), included when not None.
+    ``on_time``: the bounds hold for decisions that meet every deadline (a plan without violations); each
+    is at least its deadline-free version, and an infinite one (no on-time decision) falls back to it.
+    """
+    x = arrays if arrays is not None else (instance_arrays(inst) if inst.trajs else None)
+    out = {BOUND_WORK: work_bound(inst, x), BOUND_CRITICAL_PATH: critical_path_bound(inst, x)}
+    if on_time and inst.trajs and np.isfinite(x.deadline).any():
+        timed = {BOUND_WORK: work_bound(inst, x, on_time=True), BOUND_CRITICAL_PATH: critical_path_bound(inst, x, on_time=True)}
+        for name, val in timed.items():
+            if math.isfinite(val):
+                out[name] = max(out[name], val)
+    if lp_budget > 0 and inst.trajs:
+        lp = lp_bound(inst, lp_budget)
+        if lp is not None and math.isfinite(lp):
+            out[BOUND_LP] = float(lp)
+    for name, val in (extra or {}).items():
+        if val is not None and math.isfinite(val):
+            out[name] = float(val)
+    return out

@@ -1,0 +1,94 @@
+"""``rollplan snapshot example`` and ``rollplan plan`` through the real CLI entry point (``main``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rollplan.models.io import plan_from_json, snapshot_from_json
+from rollplan.solver.cli import main
+
+
+@pytest.fixture()
+def snap_file(tmp_path, capsys):
+    assert main(["snapshot", "example", "--slots", "6", "--trajectories", "40", "--seed", "2"]) == 0
+    text = capsys.readouterr().out
+    path = tmp_path / "snap.json"
+    path.write_text(text)
+    return path
+
+
+def test_snapshot_example_is_valid_json(snap_file) -> None:
+    snap = snapshot_from_json(snap_file.read_text())
+    assert len(snap.slots) == 6 and len(snap.trajectories) == 40
+
+
+def test_plan_table(snap_file, capsys) -> None:
+    assert main(["plan", str(snap_file), "--backend", "greedy", "--time-limit", "0.5"]) == 0
+    out = capsys.readouterr().out
+    for word in ("makespan", "lower bound", "gap", "P:D", "actions", "heuristic"):
+        assert word in out
+
+
+def test_plan_json_and_previous(snap_file, tmp_path, capsys) -> None:
+    assert main(["plan", str(snap_file), "--backend", "greedy", "--json"]) == 0
+    text = capsys.readouterr().out
+    p = plan_from_json(text)
+    assert p.backend == "greedy" and p.placement
+    prev = tmp_path / "plan.json"
+    prev.write_text(text)
+    assert main(["plan", str(snap_file), "--backend", "greedy", "--json", "--previous", str(prev)]) == 0
+    again = plan_from_json(capsys.readouterr().out)
+    assert again.actions == p.actions
+
+
+def test_malformed_snapshot_names_the_field(tmp_path, capsys) -> None:
+    doc = {"time": 0, "model": "qwen3-8b", "slots": [{"id": "a", "gpu": "h800", "node": "n", "tp": "x"}], "trajectories": []}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "slots.0.tp" in err and "To fix" in err
+
+
+def test_not_json(tmp_path, capsys) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text("{nope")
+    assert main(["plan", str(path)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_infeasible_snapshot_exits_1_with_reasons(tmp_path, capsys) -> None:
+    doc = {
+        "time": 0,
+        "model": "llama-2-70b",
+        "slots": [{"id": "a", "gpu": "a100", "node": "n", "tp": 1, "role": "mixed", "engine": "warm"}],
+        "trajectories": [{"id": "t0", "group": "g", "phase": "decoding", "context_tokens": 100, "slot": "a"}],
+    }
+    path = tmp_path / "inf.json"
+    path.write_text(json.dumps(doc))
+    assert main(["plan", str(path), "--backend", "greedy"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no feasible plan" in err and "'t0'" in err and "To fix" in err
+
+
+def test_unknown_backend_exits_2(snap_file, capsys) -> None:
+    assert main(["plan", str(snap_file), "--backend", "magic"]) == 2
+    assert "unknown planner backend" in capsys.readouterr().err
+
+
+def test_missing_file_exits_2(tmp_path, capsys) -> None:
+    assert main(["plan", str(tmp_path / "none.json")]) == 2
+
+
+def test_json_stdout_stays_clean_with_native_solvers(tmp_path, capfd) -> None:
+    # HiGHS writes a banner straight to file descriptor 1: --json must still print only the plan.
+    from rollplan.models.io import to_json
+    from rollplan.solver.examples import example_snapshot
+
+    path = tmp_path / "snap.json"
+    path.write_text(to_json(example_snapshot(4, 120, seed=2)))
+    assert main(["plan", str(path), "--backend", "milp", "--time-limit", "0.5", "--json"]) == 0
+    out = capfd.readouterr().out
+    assert plan_from_json(out).backend == "milp"
