@@ -1,0 +1,1 @@
+"""rollplan.executor: Ray + vLLM executor applying plans to real engines."""
