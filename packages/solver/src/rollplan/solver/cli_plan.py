@@ -95,7 +95,10 @@ def _table(snap: ClusterSnapshot, p: Plan) -> None:
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
-    """Add ``snapshot example`` and ``plan`` to the root app."""
+    """Add ``snapshot example`` and ``plan`` to the root app, and ``bench planner``."""
+    from rollplan.solver.bench import register_bench
+
+    register_bench(bench)
     snapshot_app = typer.Typer(help="Cluster snapshots (the planner's input).", no_args_is_help=True)
     app.add_typer(snapshot_app, name="snapshot")
 

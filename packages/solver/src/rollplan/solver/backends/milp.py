@@ -16,8 +16,11 @@ coefficients when large (``aggregate.bound_lp``; see docs/formulation_large.md f
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -45,6 +48,28 @@ log = logging.getLogger(__name__)
 NAME = "milp"
 SOLVERS = ("highs", "cbc")
 _SENSE = {Sense.LE: pulp.LpConstraintLE, Sense.GE: pulp.LpConstraintGE, Sense.EQ: pulp.LpConstraintEQ}
+
+
+@functools.cache
+def _silence_highs_banner() -> None:
+    """Create (and drop) one HiGHS object with stdout pointed at /dev/null.
+
+    Reason: HiGHS prints its banner from C++ to file descriptor 1 when the first ``Highs`` object of a
+    process is made, whatever ``output_flag`` says; that would corrupt ``--json`` output of the CLI and of
+    the replay. Later objects print nothing, so doing this once per process is enough.
+    """
+    import highspy
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 class _Highs(pulp.HiGHS):  # type: ignore[misc,valid-type]
@@ -186,6 +211,7 @@ class PulpBuilder:
         deadline = self.clock() + limits.time_limit
         if self.solver == "cbc":
             return self._solve_cbc(limits)
+        _silence_highs_banner()
         solver = _Highs(
             deadline=deadline,
             clock=self.clock,
