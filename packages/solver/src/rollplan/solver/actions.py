@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from rollplan.models.types import ACTION_ORDER, Action, ActionKind, EngineState, Plan, Role, SolveStatus
 from rollplan.solver.evaluate import Evaluation, evaluate
 from rollplan.solver.instance import Instance
@@ -22,8 +24,10 @@ def release_idle(inst: Instance, roles: Sequence[Role], placement: Sequence[int]
     never be priced by the makespan, so the rule is explicit here.
     """
     used = set(placement)
-    needs_prefill = any(roles[s] is Role.DECODE and inst.trajs[j].prefill > 0 for j, s in enumerate(placement))
     out = list(roles)
+    if not any(sl.deadline is not None and out[s] is not Role.OFF and s not in used for s, sl in enumerate(inst.slots)):
+        return out  # nothing to release
+    needs_prefill = _needs_prefill(inst, roles, placement)
     for s, sl in enumerate(inst.slots):
         if sl.deadline is None or out[s] is Role.OFF:
             continue
@@ -33,6 +37,17 @@ def release_idle(inst: Instance, roles: Sequence[Role], placement: Sequence[int]
             continue
         out[s] = Role.OFF
     return out
+
+
+def _needs_prefill(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) -> bool:
+    """Whether some trajectory with prefill work sits on a DECODE slot."""
+    decode_slots = [s for s, r in enumerate(roles) if r is Role.DECODE]
+    if not decode_slots or not len(placement):
+        return False
+    is_decode = np.zeros(len(roles), dtype=bool)
+    is_decode[decode_slots] = True
+    pl = np.asarray(placement, dtype=np.int64)
+    return bool((is_decode[pl] & (inst.arrays.P[: pl.size] > 0)).any())
 
 
 def build_actions(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) -> tuple[Action, ...]:
@@ -59,15 +74,16 @@ def build_actions(inst: Instance, roles: Sequence[Role], placement: Sequence[int
                 acts.append(Action(ActionKind.RETURN_SLOT, sl.id, deadline=deadline))
             elif cur is not Role.OFF and sl.engine is EngineState.WARM:
                 acts.append(Action(ActionKind.SLEEP_ENGINE, sl.id, duration=cfg.role_switch_seconds))
-    for j, s in enumerate(placement):
-        t = inst.trajs[j]
-        if t.home is None or t.home == s:
-            continue
-        src = inst.slots[t.home]
+    x = inst.arrays
+    pl = np.asarray(placement, dtype=np.int64)
+    home = x.home[: pl.size]
+    for j in np.nonzero((home >= 0) & (home != pl))[0].tolist():  # the moved trajectories, in order
+        s = int(pl[j])
+        src = inst.slots[int(home[j])]
         deadline = None if src.deadline is None else snap_time + src.deadline
         kind = ActionKind.MIGRATE_KV if inst.move_by_kv(j, s) else ActionKind.MIGRATE_REPREFILL
         acts.append(
-            Action(kind, src.id, trajectory=t.id, target=inst.slots[s].id, duration=inst.move_seconds(j, s), deadline=deadline)
+            Action(kind, src.id, trajectory=x.ids[j], target=inst.slots[s].id, duration=inst.move_seconds(j, s), deadline=deadline)
         )
     acts.sort(key=lambda a: _ORDER[a.kind])  # stable: slot order within a kind
     return tuple(acts)
@@ -82,21 +98,29 @@ def make_plan(
     backend: str,
     bounds: Mapping[str, float],
     solve_seconds: float = 0.0,
+    evaluation: Evaluation | None = None,
+    actions: Sequence[Action] | None = None,
 ) -> Plan:
-    """Pack a decision into a ``Plan`` (releases idle deadline slots first; prices with ``evaluate``)."""
+    """Pack a decision into a ``Plan`` (releases idle deadline slots first; prices with ``evaluate``).
+
+    ``evaluation`` / ``actions``: ``evaluate`` / ``build_actions`` of (``release_idle`` of the decision,
+    ``placement``) when the caller already has them (then they are not recomputed; passing anything else
+    is a caller bug that ``validate_plan`` reports).
+    """
     final_roles = release_idle(inst, roles, placement)
-    ev: Evaluation = evaluate(inst, final_roles, placement)
+    ev: Evaluation = evaluation if evaluation is not None else evaluate(inst, final_roles, placement)
     violations = tuple(
         f"slot {inst.slots[s].id!r} works {o:.2f} s past its return deadline" for s, o in enumerate(ev.overrun) if o > 1e-6
     )
     if violations and status is not SolveStatus.FALLBACK:
         status = SolveStatus.DEADLINE_RELAXED
     lower = max(bounds.values(), default=0.0)
+    slot_ids = [sl.id for sl in inst.slots]
     return Plan(
         time=inst.snapshot.time,
         roles={sl.id: final_roles[s] for s, sl in enumerate(inst.slots)},
-        placement={t.id: inst.slots[placement[j]].id for j, t in enumerate(inst.trajs)},
-        actions=build_actions(inst, final_roles, placement),
+        placement=dict(zip(inst.arrays.ids, [slot_ids[s] for s in placement], strict=True)),
+        actions=tuple(actions) if actions is not None else build_actions(inst, final_roles, placement),
         makespan=ev.makespan,
         switching_cost=ev.switching,
         lower_bound=lower,

@@ -33,13 +33,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rollplan.models.errors import PlanValidationError, UnknownNameError
-from rollplan.models.types import AvailabilityEvent, ClusterSnapshot, Plan, Role, SolveStatus
+from rollplan.models.types import Action, AvailabilityEvent, ClusterSnapshot, Plan, Role, SolveStatus
 from rollplan.solver.actions import build_actions, make_plan, release_idle
 from rollplan.solver.backends.base import Backend, Decision
 from rollplan.solver.backends.greedy import solve_greedy, usable_slots
 from rollplan.solver.bounds import BOUND_LP, compute_bounds, instance_arrays
 from rollplan.solver.config import BACKENDS, PlannerConfig
-from rollplan.solver.evaluate import evaluate
+from rollplan.solver.evaluate import Evaluation, evaluate
 from rollplan.solver.instance import Instance, build_instance
 from rollplan.solver.validate import validate_plan
 
@@ -74,9 +74,14 @@ class _Candidate:
     status: SolveStatus
     objective: float = math.nan
     n_actions: int = -1
+    evaluation: Evaluation | None = None
+    actions: tuple[Action, ...] | None = None
 
     def price(self, inst: Instance) -> bool:
-        """Evaluate (after ``release_idle``); False when the decision has problems (then it is dropped)."""
+        """Evaluate (after ``release_idle``); False when the decision has problems (then it is dropped).
+
+        Keeps the evaluation and the actions of the released roles for ``make_plan`` (not recomputed).
+        """
         final = release_idle(inst, self.roles, self.placement)
         ev = evaluate(inst, final, self.placement)
         if ev.problems:
@@ -84,7 +89,9 @@ class _Candidate:
             return False
         self.roles = tuple(final)
         self.objective = ev.objective
-        self.n_actions = len(build_actions(inst, final, self.placement))
+        self.evaluation = ev
+        self.actions = build_actions(inst, final, self.placement)
+        self.n_actions = len(self.actions)
         return True
 
 
@@ -106,12 +113,17 @@ def map_previous(inst: Instance, previous: Plan) -> Decision | None:
     pos = {sl.id: s for s, sl in enumerate(inst.slots)}
     count = [0] * len(inst.slots)
     placement: list[int] = []
-    for j, t in enumerate(inst.trajs):
-        s = pos.get(previous.placement.get(t.id, ""), -1)
-        if s < 0 or not roles[s].decodes or not inst.fits(j, s):
-            s = t.home if t.home is not None else -1
-        if s < 0 or not roles[s].decodes or not inst.fits(j, s):
-            fitting = [h for h in hosts if inst.fits(j, h)]
+    # Instance.fits(j, s) and TrajCoeffs.home, read from the arrays (the same numbers) in one pass.
+    x = inst.arrays
+    capacity = [sl.kv_capacity for sl in inst.slots]
+    decodes = [r.decodes for r in roles]
+    prev = previous.placement
+    for tid, home, peak in zip(x.ids, x.home.tolist(), x.peak.tolist(), strict=True):
+        s = pos.get(prev.get(tid, ""), -1)
+        if s < 0 or not decodes[s] or not (peak <= capacity[s]):
+            s = home
+        if s < 0 or not decodes[s] or not (peak <= capacity[s]):
+            fitting = [h for h in hosts if peak <= capacity[h]]
             if not fitting:
                 return None
             s = min(fitting, key=lambda h: (count[h], h))
@@ -243,6 +255,8 @@ def _pack(inst: Instance, choice: _Candidate, bounds: dict[str, float], *, backe
         backend=backend,
         bounds=bounds,
         solve_seconds=inst.config.clock() - t0,
+        evaluation=choice.evaluation,  # priced with these (released) roles by _Candidate.price, or None
+        actions=choice.actions,
     )
     if result.violations:  # a plan past a deadline is only bounded by the deadline-free bounds
         free = compute_bounds(inst, on_time=False)

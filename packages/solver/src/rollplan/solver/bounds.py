@@ -34,13 +34,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
-from rollplan.models.types import Role
 from rollplan.solver.evaluate import waterfill_finish
 from rollplan.solver.instance import MAX_NUM_SEQS, Instance
+from rollplan.solver.instance import ROLE_CODE as ROLE_CODE  # re-exported: greedy, tests
+from rollplan.solver.instance import InstanceArrays as InstanceArrays  # re-exported: greedy, repair
 
 log = logging.getLogger(__name__)
 
@@ -49,90 +49,13 @@ BOUND_CRITICAL_PATH = "critical_path"
 BOUND_LP = "lp_relaxation"
 
 
-ROLE_CODE = {Role.OFF: 0, Role.MIXED: 1, Role.PREFILL: 2, Role.DECODE: 3}
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceArrays:
-    """The instance's coefficients as numpy vectors (per slot / per trajectory), built once per ``plan()``.
-
-    Shared by the bounds and the greedy backend. ``deadline`` is +inf where a slot has none; ``home`` is -1
-    where a trajectory has no home (new, or its KV was lost). ``type_of[s]`` indexes slot types (slots equal
-    in every perf coefficient); ``rep[k]`` is one slot of type k.
-    """
-
-    stlb: np.ndarray
-    on: np.ndarray
-    a: np.ndarray
-    c: np.ndarray
-    mu: np.ndarray
-    kv: np.ndarray
-    tau: np.ndarray
-    same: np.ndarray
-    cross: np.ndarray
-    tp: np.ndarray
-    deadline: np.ndarray
-    cur_code: np.ndarray
-    type_of: np.ndarray
-    rep: np.ndarray
-    D: np.ndarray
-    P: np.ndarray
-    W: np.ndarray
-    kbar: np.ndarray
-    peak: np.ndarray
-    ctx: np.ndarray
-    home: np.ndarray
-
-
 def instance_arrays(inst: Instance) -> InstanceArrays:
-    """``InstanceArrays`` of ``inst`` (O(|S| + |J|))."""
-    rsw = inst.config.role_switch_seconds
-    sl, tr = inst.slots, inst.trajs
-    a = np.array([s.a for s in sl], dtype=float)
-    c = np.array([s.c for s in sl], dtype=float)
-    mu = np.array([s.mu for s in sl], dtype=float)
-    kv = np.array([s.kv_capacity for s in sl], dtype=float)
-    tau = np.array([s.tau_ref for s in sl], dtype=float)
-    same = np.array([s.same_node_kv_rate for s in sl], dtype=float)
-    cross = np.array([s.cross_node_kv_rate for s in sl], dtype=float)
-    if sl:
-        keys = np.stack([a, c, mu, kv, tau, same, cross], axis=1)
-        _, rep, type_of = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-        type_of = type_of.reshape(-1)
-    else:
-        rep, type_of = np.zeros(0, dtype=int), np.zeros(0, dtype=int)
-    on = np.array([s.on_seconds for s in sl], dtype=float)
-    cur = np.array([ROLE_CODE[s.current_role] for s in sl], dtype=int)
-    return InstanceArrays(
-        stlb=on + np.where(cur == 0, rsw, 0.0),
-        on=on,
-        a=a,
-        c=c,
-        mu=mu,
-        kv=kv,
-        tau=tau,
-        same=same,
-        cross=cross,
-        tp=np.array([s.tp for s in sl], dtype=float),
-        deadline=np.array([math.inf if s.deadline is None else s.deadline for s in sl], dtype=float),
-        cur_code=cur,
-        type_of=type_of,
-        rep=rep,
-        D=np.array([t.decode for t in tr], dtype=float),
-        P=np.array([t.prefill for t in tr], dtype=float),
-        W=np.array([t.tool for t in tr], dtype=float),
-        kbar=np.array([t.kbar for t in tr], dtype=float),
-        peak=np.array([t.peak_kv for t in tr], dtype=float),
-        ctx=np.array([float(t.context) for t in tr], dtype=float),
-        home=np.array([-1 if t.home is None else t.home for t in tr], dtype=int),
-    )
+    """``InstanceArrays`` of ``inst``: built once with the instance (``Instance.arrays``), O(1) here."""
+    return inst.arrays
 
 
-def capped_waterfill(starts: np.ndarray, rates: np.ndarray, ends: np.ndarray, work: float) -> float:
-    """Smallest T with sum rate * (min(T, end) - start)^+ >= work (inf when the windows cannot hold it).
-
-    Exact: the capacity is piecewise linear in T with breakpoints at the starts and ends; one sorted sweep.
-    """
+def capped_waterfill_reference(starts: np.ndarray, rates: np.ndarray, ends: np.ndarray, work: float) -> float:
+    """``capped_waterfill``, one event at a time (the specification of the vectorised version)."""
     if starts.size == 0:
         return math.inf
     if np.isinf(rates).any():  # a slot with nothing to do per batch: any open window holds the batch
@@ -160,15 +83,58 @@ def capped_waterfill(starts: np.ndarray, rates: np.ndarray, ends: np.ndarray, wo
     return t + (work - cap) / slope if slope > 1e-300 else math.inf
 
 
+def capped_waterfill(starts: np.ndarray, rates: np.ndarray, ends: np.ndarray, work: float) -> float:
+    """Smallest T with sum rate * (min(T, end) - start)^+ >= work (inf when the windows cannot hold it).
+
+    Exact: the capacity is piecewise linear in T with breakpoints at the starts and ends; one sorted sweep.
+    Vectorised ``capped_waterfill_reference``: events sorted as the tuples sort (time, then delta); the
+    slope before each event and the capacity reached at it are sequential running sums (``np.cumsum``),
+    so every float is the one the reference loop computes.
+    """
+    if starts.size == 0:
+        return math.inf
+    if np.isinf(rates).any():  # a slot with nothing to do per batch: any open window holds the batch
+        return float(starts[np.isinf(rates)].min())
+    if work <= 0:
+        return 0.0
+    open_ = (rates > 0) & (ends > starts)
+    if not open_.any():
+        return math.inf
+    closing = open_ & (ends != math.inf)
+    times = np.concatenate([starts[open_], ends[closing]])
+    deltas = np.concatenate([rates[open_], -rates[closing]])
+    order = np.lexsort((deltas, times))
+    times, deltas = times[order], deltas[order]
+    slope_after = np.cumsum(deltas)  # slope += delta, in event order
+    slope = np.concatenate([[0.0], slope_after[:-1]])  # the slope while reaching event i
+    prev = np.concatenate([times[:1], times[:-1]])  # t: the previous event's time (the first's own)
+    rising = slope > 0
+    step = np.where(rising, slope * (times - prev), 0.0)  # cap + 0.0 == cap where the slope is not positive
+    reach = np.cumsum(step)  # cap after event i (cap stays when not rising: adding 0.0 is exact)
+    hit = np.nonzero(rising & (reach >= work))[0]
+    if hit.size:
+        i = int(hit[0])
+        cap = float(reach[i - 1]) if i > 0 else 0.0
+        return float(prev[i]) + (work - cap) / float(slope[i])
+    t, cap, last = float(times[-1]), float(reach[-1]), float(slope_after[-1])
+    return t + (work - cap) / last if last > 1e-300 else math.inf
+
+
 def critical_path_bound(inst: Instance, arrays: InstanceArrays | None = None, *, on_time: bool = False) -> float:
     """max_j min_s (stlb_s + j's own time on s): see the module docstring.
 
     ``on_time``: valid only for decisions that finish every slot by its deadline; a slot then counts for j
     only when j's own time on it ends by the deadline (inf when some j has no such slot).
+    Computed once per instance (``plan()`` asks several times; a pure function of the instance).
     """
-    if not inst.trajs or not inst.slots:
+    if not len(inst.trajs) or not inst.slots:
         return 0.0
-    x = arrays if arrays is not None else instance_arrays(inst)
+    if arrays is not None and arrays is not inst.arrays:
+        return _critical_path_bound(arrays, on_time)
+    return inst.memo(("critical_path_bound", on_time), lambda: _critical_path_bound(inst.arrays, on_time))
+
+
+def _critical_path_bound(x: InstanceArrays, on_time: bool) -> float:
     d, p, w, ctx, home = x.D, x.P, x.W, x.ctx, x.home
     best = np.full(d.shape, math.inf)
     lost = home < 0
@@ -228,10 +194,16 @@ def work_bound(inst: Instance, arrays: InstanceArrays | None = None, *, on_time:
 
     ``on_time``: valid only for decisions that finish every slot by its deadline: each slot's window then
     closes at its deadline (inf when the windows cannot hold the work).
+    Computed once per instance (``plan()`` asks several times; a pure function of the instance).
     """
-    if not inst.trajs or not inst.slots:
+    if not len(inst.trajs) or not inst.slots:
         return 0.0
-    x = arrays if arrays is not None else instance_arrays(inst)
+    if arrays is not None and arrays is not inst.arrays:
+        return _work_bound(arrays, on_time)
+    return inst.memo(("work_bound", on_time), lambda: _work_bound(inst.arrays, on_time))
+
+
+def _work_bound(x: InstanceArrays, on_time: bool) -> float:
     dec, fit = type_work(x)
     n_types = len(x.rep)
     p = x.P
@@ -241,7 +213,8 @@ def work_bound(inst: Instance, arrays: InstanceArrays | None = None, *, on_time:
         mean_work = np.array(
             [dec[k][fit[k]].mean() + (p / mu[k]).mean() if fit[k].any() else np.inf for k in range(n_types)]
         )
-        weightings.append(np.where(np.isfinite(mean_work) & (mean_work > 0), 1.0 / mean_work, 0.0))
+        with np.errstate(divide="ignore"):  # 1 / 0 is masked by the where
+            weightings.append(np.where(np.isfinite(mean_work) & (mean_work > 0), 1.0 / mean_work, 0.0))
     best = 0.0
     for v in weightings:
         if not (v > 0).any():
@@ -285,7 +258,7 @@ def compute_bounds(
     ``on_time``: the bounds hold for decisions that meet every deadline (a plan without violations); each
     is at least its deadline-free version, and an infinite one (no on-time decision) falls back to it.
     """
-    x = arrays if arrays is not None else (instance_arrays(inst) if inst.trajs else None)
+    x = arrays if arrays is not None else inst.arrays
     out = {BOUND_WORK: work_bound(inst, x), BOUND_CRITICAL_PATH: critical_path_bound(inst, x)}
     if on_time and inst.trajs and np.isfinite(x.deadline).any():
         timed = {BOUND_WORK: work_bound(inst, x, on_time=True), BOUND_CRITICAL_PATH: critical_path_bound(inst, x, on_time=True)}

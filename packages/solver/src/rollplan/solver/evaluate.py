@@ -2,6 +2,12 @@
 
 Callers: every backend (to report the plan's objective), ``validate_plan`` (recomputes from scratch), the
 local-search repair (many calls: O(|J| + |S|) each). Pure and deterministic.
+
+``evaluate`` is the numpy form of ``evaluate_reference`` (the per-trajectory loop, kept as the specification):
+the same IEEE operations on the same operands in the same order, so both return identical floats. Per-slot
+sums use ``np.bincount`` (a sequential loop in input order, like ``+=``), the switching and prefill totals
+``np.cumsum`` (sequential), maxima ``np.maximum.at``; the per-slot part is the reference's own loop.
+Tests compare the two on random decisions.
 """
 
 from __future__ import annotations
@@ -9,6 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from rollplan.models.types import ObjectiveTerm, Role
 from rollplan.solver.instance import MAX_NUM_SEQS, Instance
@@ -53,9 +61,8 @@ def waterfill_finish(starts: Sequence[float], rates: Sequence[float], work: floa
     return (work + weighted) / rate_sum
 
 
-def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) -> Evaluation:
-    """Price ``roles[s]`` (per slot index) and ``placement[j]`` (slot index per trajectory index)."""
-    cfg = inst.config
+def evaluate_reference(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) -> Evaluation:
+    """``evaluate``, one trajectory at a time: the specification the numpy version must equal exactly."""
     n_s = len(inst.slots)
     problems: list[str] = []
     sum_d = [0.0] * n_s
@@ -68,8 +75,7 @@ def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) ->
     trajs, slots = inst.trajs, inst.slots
     min_share = 1.0 / MAX_NUM_SEQS
     # The per-(j, s) quantities are Instance.share/occupancy/move_seconds/kv_receive_seconds/critical_path,
-    # inlined with the same floating-point operations: this loop runs |J| times per call and dominates the
-    # cost of every local search step.
+    # inlined with the same floating-point operations.
     for j, s in enumerate(placement):
         t = trajs[j]
         role = roles[s]
@@ -98,6 +104,91 @@ def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) ->
         if path > cp[s]:
             cp[s] = path
 
+    return _finish(inst, roles, sum_d, max_d, occ, extra, cp, switching, prefill_for_decode, problems)
+
+
+def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) -> Evaluation:
+    """Price ``roles[s]`` (per slot index) and ``placement[j]`` (slot index per trajectory index)."""
+    n_s = len(inst.slots)
+    x = inst.arrays
+    pl = np.asarray(placement, dtype=np.int64)
+    n_j = pl.size
+    if pl.ndim != 1 or n_j > x.D.size or (n_j and (int(pl.min()) < 0 or int(pl.max()) >= n_s)) or len(roles) < n_s:
+        return evaluate_reference(inst, roles, placement)  # out-of-range input: the reference's own behaviour
+    is_mixed = np.array([roles[s] is Role.MIXED for s in range(n_s)], dtype=bool)
+    is_decode = np.array([roles[s] is Role.DECODE for s in range(n_s)], dtype=bool)
+    decodes = (is_mixed | is_decode)[pl]
+    peak = x.peak[:n_j]
+    bad = ~decodes | (peak > x.kv[pl])
+    problems: list[str] = []
+    for j in np.nonzero(bad)[0].tolist():  # rare: in trajectory order, in the reference's words
+        s = int(pl[j])
+        sl = inst.slots[s]
+        if not decodes[j]:
+            problems.append(f"trajectory {x.ids[j]!r} placed on slot {sl.id!r} whose role {roles[s].value} does not decode")
+        else:
+            problems.append(f"trajectory {x.ids[j]!r} needs {float(peak[j]):.0f} KV tokens; slot {sl.id!r} holds {sl.kv_capacity:.0f}")
+    v = np.nonzero(decodes)[0]
+    ps = pl[v]
+    d = x.D[v]
+    w = x.W[v]
+    p = x.P[v]
+    kvcap = x.kv[ps]
+    tau = x.tau[ps]
+    mu = x.mu[ps]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.maximum(np.where(kvcap > 0, x.kbar[v] / kvcap, math.inf), 1.0 / MAX_NUM_SEQS)
+        occ_j = (d + np.where(tau > 0, w / tau, 0.0)) * share
+        # m_js (Instance.move_seconds): min(KV transfer, re-prefill) away from home, 0 at home / KV lost.
+        home = x.home[v]
+        away = (home >= 0) & (home != ps)
+        ctx = x.ctx[v]
+        src_node = x.node[np.where(home >= 0, home, 0)]
+        rate = np.where(src_node == x.node[ps], x.same[ps], x.cross[ps])
+        move = np.where(away, np.minimum(1e-3 + ctx / rate, ctx / mu), 0.0)
+    mixed = is_mixed[ps]
+    extra_j = np.where(mixed, p / mu, p / x.cross[ps]) + move
+    path = d * (x.a[ps] + x.c[ps]) + w + p / mu
+    sum_d = np.bincount(ps, d, minlength=n_s)
+    occ = np.bincount(ps, occ_j, minlength=n_s)
+    extra = np.bincount(ps, extra_j, minlength=n_s)
+    max_d = np.zeros(n_s)
+    np.maximum.at(max_d, ps, d)
+    cp = np.zeros(n_s)
+    np.maximum.at(cp, ps, path)
+    moved = move * x.tp[ps]
+    switching = float(np.cumsum(moved)[-1]) if moved.size else 0.0
+    pre = p[~mixed]
+    prefill_for_decode = float(np.cumsum(pre)[-1]) if pre.size else 0.0
+    return _finish(
+        inst,
+        roles,
+        sum_d.tolist(),
+        max_d.tolist(),
+        occ.tolist(),
+        extra.tolist(),
+        cp.tolist(),
+        switching,
+        prefill_for_decode,
+        problems,
+    )
+
+
+def _finish(
+    inst: Instance,
+    roles: Sequence[Role],
+    sum_d: list[float],
+    max_d: list[float],
+    occ: list[float],
+    extra: list[float],
+    cp: list[float],
+    switching: float,
+    prefill_for_decode: float,
+    problems: list[str],
+) -> Evaluation:
+    """The per-slot part of ``evaluate`` from the per-slot trajectory sums."""
+    cfg = inst.config
+    n_s = len(inst.slots)
     finish = [0.0] * n_s
     prefill_slots: list[int] = []
     for s, sl in enumerate(inst.slots):
@@ -158,18 +249,17 @@ def evaluate_ids(inst: Instance, roles: Mapping[str, Role], placement: Mapping[s
     role_list = [roles.get(sl.id, Role.OFF) for sl in inst.slots]
     place: list[int] = []
     missing = []
-    for t in inst.trajs:
-        sid = placement.get(t.id)
+    for tid in inst.arrays.ids:
+        sid = placement.get(tid)
         if sid is None or sid not in pos:
-            missing.append(t.id)
+            missing.append(tid)
             place.append(-1)
         else:
             place.append(pos[sid])
     if missing:
         # Price the rest; report the missing ones as problems.
         keep = [j for j, s in enumerate(place) if s >= 0]
-        sub = Instance(inst.snapshot, inst.config, inst.slots, tuple(inst.trajs[j] for j in keep), inst.kv_bytes_per_token)
-        ev = evaluate(sub, role_list, [place[j] for j in keep])
+        ev = evaluate(inst.restricted(keep), role_list, [place[j] for j in keep])
         extra = tuple(f"trajectory {tid!r} is not placed on an existing slot" for tid in missing)
         return Evaluation(ev.slot_finish, ev.makespan, ev.switching, ev.overrun, ev.terms, ev.objective, ev.problems + extra)
     return evaluate(inst, role_list, place)

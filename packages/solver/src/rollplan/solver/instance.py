@@ -39,8 +39,14 @@ Objective: C + lam * SW + penalty * sum overrun_s, with C >= T_s for all s and T
 
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass
+import operator
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
+
+import numpy as np
 
 from rollplan.models.errors import InfeasiblePlanError
 from rollplan.models.perf import PerfModel, PerfProvider, default_provider
@@ -56,6 +62,8 @@ BATCH_REF = 64
 """Second batch size at which the decode step time is sampled to linearise tau(b) = a + c b."""
 
 ROLES: tuple[Role, ...] = (Role.OFF, Role.MIXED, Role.PREFILL, Role.DECODE)
+T = TypeVar("T")
+ROLE_CODE = {Role.OFF: 0, Role.MIXED: 1, Role.PREFILL: 2, Role.DECODE: 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,15 +115,148 @@ class TrajCoeffs:
     kv_lost: bool
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class InstanceArrays:
+    """The instance's coefficients as numpy vectors (per slot / per trajectory), built once per instance
+    (``Instance.arrays``).
+
+    Every value is the same float as the corresponding ``SlotCoeffs`` / ``TrajCoeffs`` field. Shared by
+    ``evaluate``, the bounds and the greedy / repair backends. ``deadline`` is +inf where a slot has none;
+    ``home`` is -1 where a trajectory has no home (new, or its KV was lost). ``type_of[s]`` indexes slot types
+    (slots equal in every perf coefficient); ``rep[k]`` is one slot of type k. ``node[s]``: an integer per
+    distinct node name. Read-only by contract (the arrays are shared, never written).
+    """
+
+    stlb: np.ndarray
+    on: np.ndarray
+    a: np.ndarray
+    c: np.ndarray
+    mu: np.ndarray
+    kv: np.ndarray
+    tau: np.ndarray
+    same: np.ndarray
+    cross: np.ndarray
+    tp: np.ndarray
+    deadline: np.ndarray
+    cur_code: np.ndarray
+    type_of: np.ndarray
+    rep: np.ndarray
+    node: np.ndarray
+    D: np.ndarray
+    P: np.ndarray
+    W: np.ndarray
+    kbar: np.ndarray
+    peak: np.ndarray
+    ctx: np.ndarray
+    home: np.ndarray
+    kv_lost: np.ndarray
+    ids: tuple[str, ...]
+    groups: tuple[str, ...]
+
+
+_TRAJ_FIELDS = ("D", "P", "W", "kbar", "peak", "ctx", "home", "kv_lost", "ids", "groups")
+
+
+def _take(cols: dict[str, Any], keep: Sequence[int]) -> dict[str, Any]:
+    """Trajectory columns (``_TRAJ_FIELDS``) of the trajectories ``keep`` only, in that order."""
+    idx = np.asarray(keep, dtype=np.int64)
+    out = {name: cols[name][idx] for name in _TRAJ_FIELDS[:-2]}
+    rows = idx.tolist()
+    return out | {"ids": tuple(cols["ids"][j] for j in rows), "groups": tuple(cols["groups"][j] for j in rows)}
+
+
+class TrajTable(Sequence[TrajCoeffs]):
+    """``Instance.trajs`` built by ``build_instance``: the ``TrajCoeffs`` are made on first access, from the
+    trajectory columns (``_TRAJ_FIELDS``: the arrays ``InstanceArrays`` takes).
+
+    Reason: at 16k trajectories making the objects costs more than the rest of ``build_instance``, and the
+    planner's own hot paths read ``Instance.arrays`` instead. Behaves as a read-only tuple (equality and
+    hash included); the objects are made once, all together, and kept.
+    """
+
+    __slots__ = ("_items", "columns")
+
+    def __init__(self, columns: dict[str, Any]) -> None:
+        self.columns = columns
+        self._items: tuple[TrajCoeffs, ...] | None = None
+
+    def _all(self) -> tuple[TrajCoeffs, ...]:
+        if self._items is None:
+            x = self.columns
+            homes = [None if h < 0 else h for h in x["home"].tolist()]
+            self._items = tuple(
+                map(
+                    TrajCoeffs,
+                    x["ids"],
+                    x["groups"],
+                    x["D"].tolist(),
+                    x["P"].tolist(),
+                    x["W"].tolist(),
+                    x["kbar"].tolist(),
+                    x["peak"].tolist(),
+                    x["ctx"].astype(np.int64).tolist(),
+                    homes,
+                    x["kv_lost"].tolist(),
+                )
+            )
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self.columns["ids"])
+
+    @overload
+    def __getitem__(self, i: int) -> TrajCoeffs: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[TrajCoeffs, ...]: ...
+    def __getitem__(self, i: int | slice) -> TrajCoeffs | tuple[TrajCoeffs, ...]:
+        return self._all()[i]
+
+    def __iter__(self) -> Iterator[TrajCoeffs]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TrajTable | tuple):
+            return self._all() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return f"TrajTable({len(self)} trajectories)"
+
+
 @dataclass(frozen=True, slots=True)
 class Instance:
-    """Everything a backend needs, derived from one snapshot and one config. Immutable."""
+    """Everything a backend needs, derived from one snapshot and one config. Immutable.
+
+    ``trajs``: per-trajectory coefficients (a ``TrajTable`` from ``build_instance``; any sequence of
+    ``TrajCoeffs`` when built by hand). ``arrays``: the same numbers as numpy vectors, always derived from
+    ``slots``, ``trajs`` and ``config`` (so ``dataclasses.replace`` keeps them consistent). ``unfinished``:
+    the snapshot's unfinished trajectories in ``trajs`` order, when known (``build_instance``), else None.
+    """
 
     snapshot: ClusterSnapshot
     config: PlannerConfig
     slots: tuple[SlotCoeffs, ...]
-    trajs: tuple[TrajCoeffs, ...]
+    trajs: Sequence[TrajCoeffs]
     kv_bytes_per_token: int
+    unfinished: tuple[Trajectory, ...] | None = field(default=None, compare=False, repr=False)
+    arrays: InstanceArrays = field(init=False, compare=False, repr=False)
+    _memo: dict[Hashable, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        t = self.trajs
+        cols = t.columns if isinstance(t, TrajTable) else _columns_of(t)
+        x = InstanceArrays(**_slot_arrays(self.slots, self.config.role_switch_seconds), **cols)
+        object.__setattr__(self, "arrays", x)
+
+    def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """``compute()``, once per instance and ``key``: for pure functions of the instance (bounds, ...),
+        which ``plan()`` and the backends ask for several times. The instance stays immutable in value."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     @property
     def lam(self) -> float:
@@ -127,25 +268,32 @@ class Instance:
                 return i
         raise KeyError(slot_id)
 
+    def restricted(self, keep: Sequence[int]) -> Instance:
+        """This instance with trajectories ``keep`` only (same slots, same coefficients)."""
+        cols = {name: getattr(self.arrays, name) for name in _TRAJ_FIELDS}
+        return Instance(self.snapshot, self.config, self.slots, TrajTable(_take(cols, keep)), self.kv_bytes_per_token)
+
     # -- per (j, s) quantities, computed on demand (|J| x |S| can be 16M at the largest scale) ---------------
+    # They read ``arrays`` (the same floats as ``trajs``), so that calling them does not build ``trajs``.
     def share(self, j: int, s: int) -> float:
         """w_js: fraction of slot s's KV/sequence budget one occupancy step of j takes."""
-        t, sl = self.trajs[j], self.slots[s]
-        return max(t.kbar / sl.kv_capacity if sl.kv_capacity > 0 else math.inf, 1.0 / MAX_NUM_SEQS)
+        sl = self.slots[s]
+        kbar = float(self.arrays.kbar[j])
+        return max(kbar / sl.kv_capacity if sl.kv_capacity > 0 else math.inf, 1.0 / MAX_NUM_SEQS)
 
     def occupancy(self, j: int, s: int) -> float:
         """O_j on slot s, in decode steps."""
-        t, sl = self.trajs[j], self.slots[s]
-        return t.decode + (t.tool / sl.tau_ref if sl.tau_ref > 0 else 0.0)
+        x, sl = self.arrays, self.slots[s]
+        return float(x.D[j]) + (float(x.W[j]) / sl.tau_ref if sl.tau_ref > 0 else 0.0)
 
     def fits(self, j: int, s: int) -> bool:
         """Whether j's peak KV fits slot s at all."""
-        return self.trajs[j].peak_kv <= self.slots[s].kv_capacity
+        return float(self.arrays.peak[j]) <= self.slots[s].kv_capacity
 
     def move_seconds(self, j: int, s: int) -> float:
         """m_js: seconds to move j's KV to s (0 at home or when the KV is already lost)."""
-        t = self.trajs[j]
-        if t.home is None or t.home == s:
+        home = int(self.arrays.home[j])
+        if home < 0 or home == s:
             return 0.0
         return min(self.kv_transfer_seconds(j, s), self.reprefill_seconds(j, s))
 
@@ -154,24 +302,79 @@ class Instance:
         return self.kv_transfer_seconds(j, s) <= self.reprefill_seconds(j, s)
 
     def kv_transfer_seconds(self, j: int, s: int) -> float:
-        t = self.trajs[j]
-        if t.home is None:
+        home = int(self.arrays.home[j])
+        if home < 0:
             return math.inf
-        src, dst = self.slots[t.home], self.slots[s]
+        src, dst = self.slots[home], self.slots[s]
         rate = dst.same_node_kv_rate if src.node == dst.node else dst.cross_node_kv_rate
-        return 1e-3 + t.context / rate
+        return 1e-3 + float(self.arrays.ctx[j]) / rate
 
     def reprefill_seconds(self, j: int, s: int) -> float:
-        return self.trajs[j].context / self.slots[s].mu
+        return float(self.arrays.ctx[j]) / self.slots[s].mu
 
     def kv_receive_seconds(self, j: int, s: int) -> float:
         """x_j: receiving j's future prefilled KV on DECODE slot s from a PREFILL slot (across nodes, conservative)."""
-        return self.trajs[j].prefill / self.slots[s].cross_node_kv_rate
+        return float(self.arrays.P[j]) / self.slots[s].cross_node_kv_rate
 
     def critical_path(self, j: int, s: int) -> float:
         """CP_js: j's own remaining time on slot s at batch 1 (decode, tools, its prefill)."""
-        t, sl = self.trajs[j], self.slots[s]
-        return t.decode * (sl.a + sl.c) + t.tool + t.prefill / sl.mu
+        x, sl = self.arrays, self.slots[s]
+        return float(x.D[j]) * (sl.a + sl.c) + float(x.W[j]) + float(x.P[j]) / sl.mu
+
+
+def _slot_arrays(slots: Sequence[SlotCoeffs], rsw: float) -> dict[str, np.ndarray]:
+    """The per-slot half of ``InstanceArrays`` (O(|S|))."""
+    sl = slots
+    a = np.array([s.a for s in sl], dtype=float)
+    c = np.array([s.c for s in sl], dtype=float)
+    mu = np.array([s.mu for s in sl], dtype=float)
+    kv = np.array([s.kv_capacity for s in sl], dtype=float)
+    tau = np.array([s.tau_ref for s in sl], dtype=float)
+    same = np.array([s.same_node_kv_rate for s in sl], dtype=float)
+    cross = np.array([s.cross_node_kv_rate for s in sl], dtype=float)
+    if sl:
+        keys = np.stack([a, c, mu, kv, tau, same, cross], axis=1)
+        _, rep, type_of = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        type_of = type_of.reshape(-1)
+    else:
+        rep, type_of = np.zeros(0, dtype=int), np.zeros(0, dtype=int)
+    on = np.array([s.on_seconds for s in sl], dtype=float)
+    cur = np.array([ROLE_CODE[s.current_role] for s in sl], dtype=int)
+    nodes: dict[str, int] = {}
+    return {
+        "stlb": on + np.where(cur == 0, rsw, 0.0),
+        "on": on,
+        "a": a,
+        "c": c,
+        "mu": mu,
+        "kv": kv,
+        "tau": tau,
+        "same": same,
+        "cross": cross,
+        "tp": np.array([s.tp for s in sl], dtype=float),
+        "deadline": np.array([math.inf if s.deadline is None else s.deadline for s in sl], dtype=float),
+        "cur_code": cur,
+        "type_of": type_of,
+        "rep": rep,
+        "node": np.array([nodes.setdefault(s.node, len(nodes)) for s in sl], dtype=np.int64),
+    }
+
+
+def _columns_of(trajs: Sequence[TrajCoeffs]) -> dict[str, Any]:
+    """The trajectory columns (``_TRAJ_FIELDS``) of coefficient objects (instances built by hand)."""
+    tr = trajs
+    return {
+        "D": np.array([t.decode for t in tr], dtype=float),
+        "P": np.array([t.prefill for t in tr], dtype=float),
+        "W": np.array([t.tool for t in tr], dtype=float),
+        "kbar": np.array([t.kbar for t in tr], dtype=float),
+        "peak": np.array([t.peak_kv for t in tr], dtype=float),
+        "ctx": np.array([float(t.context) for t in tr], dtype=float),
+        "home": np.array([-1 if t.home is None else t.home for t in tr], dtype=np.int64),
+        "kv_lost": np.array([t.kv_lost for t in tr], dtype=bool),
+        "ids": tuple(t.id for t in tr),
+        "groups": tuple(t.group for t in tr),
+    }
 
 
 def _decode_line(perf: PerfModel, kv_tokens: float) -> tuple[float, float]:
@@ -249,6 +452,7 @@ def _slot_coeffs(slot: Slot, nums: _TypeNumbers, snap: ClusterSnapshot) -> SlotC
 
 
 def _traj_coeffs(t: Trajectory, home: int | None, max_context: int, snap_time: float) -> TrajCoeffs:
+    """One trajectory's coefficients (the scalar form of ``_traj_columns``; kept as the reference)."""
     decode = t.remaining_decode_tokens.mean
     prefill = t.remaining_prefill_tokens.mean
     tool = t.remaining_tool_seconds.mean
@@ -274,17 +478,75 @@ def _traj_coeffs(t: Trajectory, home: int | None, max_context: int, snap_time: f
     )
 
 
+def _traj_columns(
+    unfinished: Sequence[Trajectory], slot_pos: dict[Any, int], max_context: int, snap_time: float
+) -> dict[str, Any]:
+    """The per-trajectory half of ``InstanceArrays``: ``_traj_coeffs`` for every trajectory, vectorised.
+
+    The same IEEE operations in the same order, element by element, so every value is the float
+    ``_traj_coeffs`` gives (tests compare the two).
+    """
+    n = len(unfinished)
+    if n == 0:
+        empty = np.zeros(0)
+        return dict.fromkeys(("D", "P", "W", "kbar", "peak", "ctx"), empty) | {
+            "home": np.zeros(0, dtype=np.int64),
+            "kv_lost": np.zeros(0, dtype=bool),
+            "ids": (),
+            "groups": (),
+        }
+    u = unfinished  # one list comprehension per field: the fastest way to read 10^4 objects
+    ids = tuple([t.id for t in u])
+    ctx = np.array([t.context_tokens for t in u], dtype=float)
+    decode = np.array([t.remaining_decode_tokens.mean for t in u], dtype=float)
+    prefill_mean = np.array([t.remaining_prefill_tokens.mean for t in u], dtype=float)
+    tool = np.array([t.remaining_tool_seconds.mean for t in u], dtype=float)
+    until = [t.tool_until for t in u]
+    in_tool = Phase.IN_TOOL
+    timed = [i for i, v in enumerate(until) if v is not None and u[i].phase is in_tool]
+    if timed:
+        left = np.array([until[i] for i in timed], dtype=float) - snap_time
+        # max(tool, left): tool unless left is larger (the builtin max keeps its first argument on ties)
+        tool[timed] = np.where(left > tool[timed], left, tool[timed])
+    get = slot_pos.get
+    home = np.array([get(t.slot, -1) for t in u], dtype=np.int64)  # slot None or unknown: -1
+    kv_lost = (home < 0) & (ctx > 0)
+    prefill = np.where(kv_lost, prefill_mean + ctx, prefill_mean)
+    growth = prefill_mean + decode
+    cap = float(max_context)
+    peak = np.minimum(ctx + growth, cap)
+    kbar = np.minimum(ctx + growth / 2.0, cap)
+    return {
+        "D": decode,
+        "P": prefill,
+        "W": np.where(tool < 0.0, 0.0, tool),  # max(tool, 0.0)
+        "kbar": np.where(kbar < 1.0, 1.0, kbar),  # max(kbar, 1.0)
+        "peak": peak,
+        "ctx": ctx,
+        "home": home,
+        "kv_lost": kv_lost,
+        "ids": ids,
+        "groups": tuple([t.group for t in u]),
+    }
+
+
+def _unfinished(snapshot: ClusterSnapshot) -> tuple[Trajectory, ...]:
+    """``snapshot.unfinished`` (the same tuple), without a Python-level loop over the trajectories."""
+    trajs = snapshot.trajectories
+    phases = [t.phase for t in trajs]
+    return tuple(itertools.compress(trajs, map(operator.is_not, phases, itertools.repeat(Phase.DONE))))
+
+
 def build_instance(snapshot: ClusterSnapshot, config: PlannerConfig) -> Instance:
     """Turn ``snapshot`` into coefficients. Raises ``InfeasiblePlanError`` when no slot can host some trajectory."""
     spec = model_spec(snapshot.model)
     provider: PerfProvider = config.perf or default_provider(spec.name, calibrated=config.calibrated)
-    unfinished = snapshot.unfinished
-    slot_pos = {s.id: i for i, s in enumerate(snapshot.slots)}
-    raw = [
-        _traj_coeffs(t, slot_pos.get(t.slot) if t.slot is not None else None, spec.max_context, snapshot.time)
-        for t in unfinished
-    ]
-    kv_ref = sum(t.kbar for t in raw) / len(raw) if raw else 1024.0
+    unfinished = _unfinished(snapshot)
+    slot_pos: dict[Any, int] = {s.id: i for i, s in enumerate(snapshot.slots)}
+    cols = _traj_columns(unfinished, slot_pos, spec.max_context, snapshot.time)
+    kbar: np.ndarray = cols["kbar"]
+    # The builtin sum over Python floats, as the per-object code summed them (same rounding).
+    kv_ref = sum(kbar.tolist()) / len(unfinished) if unfinished else 1024.0
     type_cache: dict[tuple[str, int], _TypeNumbers] = {}
     slots = []
     for s in snapshot.slots:
@@ -293,7 +555,12 @@ def build_instance(snapshot: ClusterSnapshot, config: PlannerConfig) -> Instance
             type_cache[key] = _type_numbers(provider(s.gpu, s.tp), kv_ref, config.mem_util)
         slots.append(_slot_coeffs(s, type_cache[key], snapshot))
     inst = Instance(
-        snapshot=snapshot, config=config, slots=tuple(slots), trajs=tuple(raw), kv_bytes_per_token=spec.kv_bytes_per_token
+        snapshot=snapshot,
+        config=config,
+        slots=tuple(slots),
+        trajs=TrajTable(cols),
+        kv_bytes_per_token=spec.kv_bytes_per_token,
+        unfinished=unfinished,
     )
     _check_hostable(inst)
     return inst
@@ -301,17 +568,20 @@ def build_instance(snapshot: ClusterSnapshot, config: PlannerConfig) -> Instance
 
 def _check_hostable(inst: Instance) -> None:
     reasons: list[str] = []
-    if inst.trajs and not inst.slots:
-        reasons.append(f"{len(inst.trajs)} unfinished trajectories but no slots")
+    n_j = len(inst.trajs)
+    if n_j and not inst.slots:
+        reasons.append(f"{n_j} unfinished trajectories but no slots")
     usable = [sl for sl in inst.slots if sl.deadline is None or sl.deadline > 0]
-    if inst.trajs and inst.slots and not usable:
-        reasons.append(f"{len(inst.trajs)} unfinished trajectories but every slot is past its return deadline")
+    if n_j and inst.slots and not usable:
+        reasons.append(f"{n_j} unfinished trajectories but every slot is past its return deadline")
     best = max((sl.kv_capacity for sl in usable), default=0.0)
-    for t in inst.trajs:
-        if usable and t.peak_kv > best:  # fits() is peak_kv <= kv_capacity: the largest usable slot decides
-            reasons.append(f"trajectory {t.id!r} needs {t.peak_kv:.0f} KV tokens but the largest usable slot holds {best:.0f}")
-        if len(reasons) >= 5:
-            break
+    if usable and len(reasons) < 5:
+        x = inst.arrays
+        # fits() is peak_kv <= kv_capacity: the largest usable slot decides
+        for j in np.nonzero(x.peak > best)[0][: 5 - len(reasons)].tolist():
+            reasons.append(
+                f"trajectory {x.ids[j]!r} needs {float(x.peak[j]):.0f} KV tokens but the largest usable slot holds {best:.0f}"
+            )
     if reasons:
         raise InfeasiblePlanError(
             reasons, fix="add slots with more GPU memory (or higher tp), or cap the context length of the workload"

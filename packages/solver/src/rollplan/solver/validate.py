@@ -19,7 +19,9 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from rollplan.models.errors import PlanValidationError
 from rollplan.models.types import (
@@ -30,6 +32,7 @@ from rollplan.models.types import (
     Plan,
     Role,
     SolveStatus,
+    Trajectory,
 )
 from rollplan.solver.config import PlannerConfig
 from rollplan.solver.evaluate import evaluate, evaluate_ids
@@ -45,8 +48,16 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= ABS_TOL + REL_TOL * max(abs(a), abs(b))
 
 
-def expected_actions(snapshot: ClusterSnapshot, plan_roles: Mapping[str, Role], placement: Mapping[str, str]) -> Counter:
-    """The multiset of (kind, slot, trajectory, target, role) the diff from the snapshot's state implies."""
+def expected_actions(
+    snapshot: ClusterSnapshot,
+    plan_roles: Mapping[str, Role],
+    placement: Mapping[str, str],
+    unfinished: Sequence[Trajectory] | None = None,
+) -> Counter:
+    """The multiset of (kind, slot, trajectory, target, role) the diff from the snapshot's state implies.
+
+    ``unfinished``: ``snapshot.unfinished`` when the caller already has it (not recomputed).
+    """
     want: Counter = Counter()
     ids = {s.id for s in snapshot.slots}
     for sl in snapshot.slots:
@@ -68,10 +79,13 @@ def expected_actions(snapshot: ClusterSnapshot, plan_roles: Mapping[str, Role], 
             want[(ActionKind.RETURN_SLOT, sl.id, None, None, None)] += 1
         elif sl.role is not Role.OFF and sl.engine is EngineState.WARM:
             want[(ActionKind.SLEEP_ENGINE, sl.id, None, None, None)] += 1
-    for t in snapshot.unfinished:
-        home = t.slot if t.slot in ids else None
-        dest = placement.get(t.id)
-        if home is not None and dest is not None and dest != home:
+    get = placement.get
+    for t in snapshot.unfinished if unfinished is None else unfinished:
+        home = t.slot
+        if home is None or home not in ids:
+            continue
+        dest = get(t.id)
+        if dest is not None and dest != home:
             want[("migrate", home, t.id, dest, None)] += 1
     return want
 
@@ -93,7 +107,10 @@ def validate_plan(
     v: list[str] = []
     slot_ids = [s.id for s in snapshot.slots]
     slot_set = set(slot_ids)
-    unfinished = {t.id: t for t in snapshot.unfinished}
+    # The instance's own list when it is this snapshot's (it is snapshot.unfinished, computed once).
+    own = inst.unfinished if inst.snapshot is snapshot else None
+    unfinished_list = own if own is not None else snapshot.unfinished
+    unfinished = {t.id for t in unfinished_list}
 
     if not _close(plan.time, snapshot.time):
         v.append(f"plan time {plan.time} differs from the snapshot time {snapshot.time}")
@@ -110,25 +127,33 @@ def validate_plan(
     decodes = [r is Role.MIXED or r is Role.DECODE for r in role_list]
     capacity = [sl.kv_capacity for sl in inst.slots]
     placement = plan.placement
-    place: list[int] = []
+    x = inst.arrays
+    sids = [placement.get(tid) for tid in x.ids]
+    place: list[int] = [pos.get(sid, -1) if sid is not None else -1 for sid in sids]
     complete = True
-    for t in inst.trajs:
-        sid = placement.get(t.id)
-        s = pos.get(sid, -1) if sid is not None else -1
-        place.append(s)
-        if s >= 0 and decodes[s] and t.peak_kv <= capacity[s]:
+    if place:
+        # Vectorised screen; the per-trajectory checks below run on the flagged ones only (in order).
+        pl = np.asarray(place, dtype=np.int64)
+        ok = (pl >= 0) & np.asarray([*decodes, False], dtype=bool)[pl] & (x.peak <= np.asarray([*capacity, 0.0])[pl])
+        flagged = np.nonzero(~ok)[0].tolist()
+    else:
+        flagged = []
+    for j in flagged:
+        tid, sid, s = x.ids[j], sids[j], place[j]
+        peak = float(x.peak[j])
+        if s >= 0 and decodes[s] and peak <= capacity[s]:
             continue
         if sid is None:
-            v.append(f"trajectory {t.id!r} is not placed")
+            v.append(f"trajectory {tid!r} is not placed")
             complete = False
         elif s < 0:
-            v.append(f"trajectory {t.id!r} is placed on unknown slot {sid!r}")
+            v.append(f"trajectory {tid!r} is placed on unknown slot {sid!r}")
             complete = False
         else:
             if not decodes[s]:
-                v.append(f"trajectory {t.id!r} is placed on slot {sid!r} whose role {role_list[s].value} does not decode")
-            if t.peak_kv > capacity[s]:
-                v.append(f"trajectory {t.id!r} peaks at {t.peak_kv:.0f} KV tokens; slot {sid!r} holds {capacity[s]:.0f}")
+                v.append(f"trajectory {tid!r} is placed on slot {sid!r} whose role {role_list[s].value} does not decode")
+            if peak > capacity[s]:
+                v.append(f"trajectory {tid!r} peaks at {peak:.0f} KV tokens; slot {sid!r} holds {capacity[s]:.0f}")
 
     # Numbers, re-priced from scratch.
     ev = evaluate(inst, role_list, place) if complete else evaluate_ids(inst, plan.roles, plan.placement)
@@ -155,9 +180,9 @@ def validate_plan(
                 v.append(f"term {name!r} = {o.weight} x {o.value} differs from the recomputed {t.weight} x {t.value}")
     if plan.slot_finish:
         for s, sl in enumerate(inst.slots):
-            got = plan.slot_finish.get(sl.id)
-            if got is None or not _close(got, ev.slot_finish[s]):
-                v.append(f"slot {sl.id!r} finish {got} does not match the recomputed {ev.slot_finish[s]:.6f}")
+            mine_s = plan.slot_finish.get(sl.id)
+            if mine_s is None or not _close(mine_s, ev.slot_finish[s]):
+                v.append(f"slot {sl.id!r} finish {mine_s} does not match the recomputed {ev.slot_finish[s]:.6f}")
                 break
 
     # Deadlines.
@@ -171,7 +196,7 @@ def validate_plan(
         v.append("status is deadline_relaxed but no slot works past its deadline")
 
     # Actions: independent diff, compared as multisets; durations; order.
-    want = expected_actions(snapshot, plan.roles, plan.placement)
+    want = expected_actions(snapshot, plan.roles, plan.placement, unfinished_list)
     got: Counter = Counter()
     for a in plan.actions:
         if a.kind in (ActionKind.MIGRATE_KV, ActionKind.MIGRATE_REPREFILL):
@@ -199,7 +224,7 @@ def validate_plan(
 
 def _check_durations(inst: Instance, plan: Plan, v: list[str]) -> None:
     pos = {s.id: i for i, s in enumerate(inst.slots)}
-    tpos = {t.id: j for j, t in enumerate(inst.trajs)}
+    tpos = {tid: j for j, tid in enumerate(inst.arrays.ids)}
     rsw = inst.config.role_switch_seconds
     for a in plan.actions:
         s = pos.get(a.slot)

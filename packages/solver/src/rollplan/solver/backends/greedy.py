@@ -107,16 +107,25 @@ class _Prep:
         self.dec_extra: list[list[float]] = []
         self.cp: list[list[float]] = []
         self.fits: list[list[bool]] = [f.tolist() for f in fit]
+        self.fits_a = fit
         work = np.empty_like(dec)
         cp_all = np.empty_like(dec)
+        occ_a = np.empty_like(dec)
+        mix_a = np.empty_like(dec)
+        dec_a = np.empty_like(dec)
         for k, ty in enumerate(self.types):
             mix = x.P / ty.mu
-            self.occ.append(_occ_steps(x, ty).tolist())
+            occ_a[k] = _occ_steps(x, ty)
+            mix_a[k] = mix
+            dec_a[k] = x.P / ty.cross
+            self.occ.append(occ_a[k].tolist())
             self.mix_extra.append(mix.tolist())
-            self.dec_extra.append((x.P / ty.cross).tolist())
+            self.dec_extra.append(dec_a[k].tolist())
             cp_all[k] = x.D * (ty.a + ty.c) + x.W + mix
             self.cp.append(cp_all[k].tolist())
             work[k] = dec[k] + mix
+        # The same tables as arrays (type x trajectory), for the vectorised passes.
+        self.occ_a, self.mix_a, self.dec_a, self.cp_a = occ_a, mix_a, dec_a, cp_all
         # Move seconds m_js (Instance.move_seconds, inlined): per-j home and context, per-slot rates and node.
         self.home: list[int] = x.home.tolist()
         self.context: list[float] = x.ctx.tolist()
@@ -129,9 +138,10 @@ class _Prep:
         if n_types and inst.trajs:
             ref = int(np.bincount(x.type_of, minlength=n_types).argmax())
             self.order: list[int] = np.lexsort((np.arange(x.D.size), -work[ref], -cp_all[ref])).tolist()
-            self.rank = [0] * len(self.order)
-            for i, j in enumerate(self.order):
-                self.rank[j] = i
+            rank = np.empty(len(self.order), dtype=np.int64)
+            rank[np.asarray(self.order, dtype=np.int64)] = np.arange(len(self.order))
+            self.rank_a = rank
+            self.rank: list[int] = rank.tolist()
             self.total_work: list[float] = work.sum(axis=1).tolist()
             self.total_prefill_time: list[float] = [float((x.P / ty.mu).sum()) for ty in self.types]
             top = np.array(self.order[:LONGEST], dtype=int)
@@ -141,6 +151,7 @@ class _Prep:
             ref = 0
             self.order, self.total_work, self.total_prefill_time = [], [0.0] * n_types, [0.0] * n_types
             self.rank = []
+            self.rank_a = np.zeros(0, dtype=np.int64)
             self.top_cp = np.zeros((n_types, 0))
             self.top_fit = np.zeros((n_types, 0), dtype=bool)
         self.ref_type = ref
@@ -329,10 +340,8 @@ class _State:
                 finish[s] = self.finish[s]
                 if r is Role.DECODE:
                     prefill_work += sum(self.prep.prefill[j] for j in self.members[s])
-        for j, s in enumerate(self.where):
-            m = self.move(j, s)
-            if m:
-                switching += m * inst.slots[s].tp
+        for j, m in _moves(self.prep, self.where):
+            switching += m * inst.slots[self.where[j]].tp
         if prefill_work > 0 and pre:
             t_fill = waterfill_finish([finish[p] for p in pre], [inst.slots[p].mu for p in pre], prefill_work)
             for p in pre:
@@ -343,6 +352,27 @@ class _State:
         if prefill_work > 0 and not pre:
             return roles, math.inf
         return roles, max(finish, default=0.0) + cfg.switch_weight * switching + cfg.deadline_penalty * overrun
+
+
+def _moves(prep: _Prep, where: Sequence[int]) -> list[tuple[int, float]]:
+    """(j, m_js) for every trajectory j whose move to ``where[j]`` is not 0, in order (``_State.move``, vectorised:
+    the same operations, so the same floats)."""
+    x = prep.x
+    if not len(where):
+        return []
+    pl = np.asarray(where, dtype=np.int64)
+    home = x.home
+    moved = np.nonzero((home >= 0) & (home != pl))[0]
+    if not moved.size:
+        return []
+    s = pl[moved]
+    ctx = x.ctx[moved]
+    rate = np.where(x.node[home[moved]] == x.node[s], x.same[s], x.cross[s])
+    kv = 1e-3 + ctx / rate
+    re = ctx / x.mu[s]
+    m = np.where(kv < re, kv, re)
+    keep = m != 0.0  # ``if m:`` (a zero move adds nothing)
+    return list(zip(moved[keep].tolist(), m[keep].tolist(), strict=True))
 
 
 def usable_slots(inst: Instance) -> list[int]:
@@ -378,23 +408,10 @@ def place(prep: _Prep, roles: Sequence[Role], *, target: float = 0.0, homes: boo
     hosts = state.hosts
     slot_type = prep.slot_type
     fits = prep.fits
-    pool: list[int] = []
     deadlines = [math.inf if sl.deadline is None else sl.deadline for sl in inst.slots]
     limit = [min(target + HOME_SLACK, d + 1e-9) for d in deadlines]
     timed = [d != math.inf for d in deadlines]
-    for longest_first in (True, False) if homes else ():
-        for j in prep.order if longest_first else reversed(prep.order):
-            h = prep.home[j]
-            if h < 0 or not hosts[h] or timed[h] == longest_first:
-                if longest_first and (h < 0 or not hosts[h]):
-                    pool.append(j)
-                continue
-            if fits[slot_type[h]][j] and state.finish_with(j, h) <= limit[h]:
-                state.add(j, h)
-            else:
-                pool.append(j)
-    if not homes:
-        pool = list(prep.order)
+    pool = _home_pass(prep, state, limit, timed) if homes else list(prep.order)
     pool.sort(key=prep.rank.__getitem__)
     # One heap per (slot type, role, has deadline) of [finish, slot, version]; stale entries are skipped.
     groups: dict[tuple[int, bool, bool], list[list]] = {}
@@ -450,6 +467,119 @@ def place(prep: _Prep, roles: Sequence[Role], *, target: float = 0.0, homes: boo
     return state
 
 
+def _home_pass_reference(prep: _Prep, state: _State, limit: Sequence[float], timed: Sequence[bool]) -> list[int]:
+    """``place``'s home pass, one trajectory at a time (the specification of ``_home_pass``)."""
+    pool: list[int] = []
+    hosts, slot_type, fits = state.hosts, prep.slot_type, prep.fits
+    for longest_first in (True, False):
+        for j in prep.order if longest_first else reversed(prep.order):
+            h = prep.home[j]
+            if h < 0 or not hosts[h] or timed[h] == longest_first:
+                if longest_first and (h < 0 or not hosts[h]):
+                    pool.append(j)
+                continue
+            if fits[slot_type[h]][j] and state.finish_with(j, h) <= limit[h]:
+                state.add(j, h)
+            else:
+                pool.append(j)
+    return pool
+
+
+RAGGED = 4
+"""The home pass lays each slot's home trajectories out as one row of a padded matrix unless that matrix
+would hold more than this many cells per trajectory (then it goes slot by slot)."""
+
+
+def _home_pass(prep: _Prep, state: _State, limit: Sequence[float], timed: Sequence[bool]) -> list[int]:
+    """``_home_pass_reference`` on the fresh ``state``, vectorised: the same state, the same pool (as a set).
+
+    Each slot's home pass only reads and writes that slot (it starts empty; a trajectory at home moves
+    nothing), so slots are independent. A slot's candidates are its fitting home trajectories, longest first
+    (shortest first on deadline slots). While every candidate is accepted, the running sums ``add`` keeps
+    are prefix sums in candidate order: ``np.cumsum`` along a row adds sequentially, as ``+=`` does, so
+    every value, and each ``finish_with`` test, is the same float. A slot that rejects some candidate
+    (rare: its finish would pass the target or its deadline) replays the reference loop on that slot.
+    Returns the trajectories left for the pool (callers sort it).
+    """
+    x = prep.x
+    home = x.home
+    n_j = home.size
+    hosts = np.asarray(state.hosts, dtype=bool)
+    if n_j == 0 or not hosts.any():
+        return list(range(n_j))
+    safe = np.where(home >= 0, home, 0)
+    at_home = (home >= 0) & hosts[safe]
+    fit_home = prep.fits_a[x.type_of[safe], np.arange(n_j)]
+    pool: list[int] = np.nonzero(~(at_home & fit_home))[0].tolist()
+    cand = np.nonzero(at_home & fit_home)[0]
+    if not cand.size:
+        return pool
+    h = home[cand]
+    rank = prep.rank_a[cand]
+    order = np.lexsort((np.where(np.asarray(timed, dtype=bool)[h], -rank, rank), h))
+    cand, h = cand[order], h[order]
+    starts = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
+    lengths = np.diff(np.r_[starts, h.size])
+    rows = h[starts]
+    width = int(lengths.max())
+    cand_l = cand.tolist()
+    segments = list(zip(rows.tolist(), starts.tolist(), lengths.tolist(), strict=True))
+    if rows.size * width > RAGGED * cand.size:  # too ragged for one matrix: slot by slot
+        for s, b, n in segments:
+            pool += _replay(state, s, cand_l[b : b + n], limit)
+        return pool
+    k = x.type_of[h]
+    shape = (rows.size, width)
+    at = (np.repeat(np.arange(rows.size), lengths), np.arange(h.size) - np.repeat(starts, lengths))
+    d2, o2, e2, c2 = np.zeros(shape), np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    d2[at] = x.D[cand]
+    o2[at] = prep.occ_a[k, cand]
+    e2[at] = np.where(np.asarray(state.mixed, dtype=bool)[h], prep.mix_a[k, cand], prep.dec_a[k, cand])
+    c2[at] = prep.cp_a[k, cand]
+    # add(): sum_d += d; max_d = max(max_d, d); occ += o; extra += e + move (0 at home); cp = max(cp, c);
+    # all from 0. Padding (zeros after a row's end) changes no prefix.
+    sums = {
+        "sum_d": np.cumsum(d2, axis=1),
+        "max_d": np.maximum(np.maximum.accumulate(d2, axis=1), 0.0),
+        "occ": np.cumsum(o2, axis=1),
+        "extra": np.cumsum(e2, axis=1),
+        "cp": np.maximum(np.maximum.accumulate(c2, axis=1), 0.0),
+    }
+    a = x.a[rows][:, None]
+    c = x.c[rows][:, None]
+    st = np.asarray(state.st)[rows][:, None]
+    fin = st + np.maximum(c * sums["sum_d"] + a * np.maximum(sums["max_d"], sums["occ"]) + sums["extra"], sums["cp"])
+    sums["finish"] = fin
+    ok = (fin <= np.asarray(limit)[rows][:, None]) | (np.arange(width)[None, :] >= lengths[:, None])
+    clean = ok.all(axis=1)
+    last = (np.arange(rows.size), lengths - 1)
+    for name, table in sums.items():
+        values = getattr(state, name)
+        for s, v in zip(rows[clean].tolist(), table[last][clean].tolist(), strict=True):
+            values[s] = v
+    where, members = state.where, state.members
+    for (s, b, n), whole in zip(segments, clean.tolist(), strict=True):
+        js = cand_l[b : b + n]
+        if whole:
+            members[s].extend(js)
+            for j in js:
+                where[j] = s
+        else:
+            pool += _replay(state, s, js, limit)
+    return pool
+
+
+def _replay(state: _State, s: int, js: Sequence[int], limit: Sequence[float]) -> list[int]:
+    """The reference home pass on slot ``s`` alone, for its (fitting) candidates ``js`` in order."""
+    rejected = []
+    for j in js:
+        if state.finish_with(j, s) <= limit[s]:
+            state.add(j, s)
+        else:
+            rejected.append(j)
+    return rejected
+
+
 def _fill_windows(state: _State, deadlines: Sequence[float]) -> int:
     """Move the shortest trajectories of the free slot that finishes last into deadline slots with room.
 
@@ -464,7 +594,9 @@ def _fill_windows(state: _State, deadlines: Sequence[float]) -> int:
     if not windows or not sources:
         return 0
     decode, fin = prep.decode, state.finish
-    queue = {s: sorted(state.members[s], key=lambda i: (decode[i], i)) for s in sources}
+    # Each source's members shortest first, sorted when the source is first popped: a source's members only
+    # change when it is popped (moves go from sources to windows), so this is the list at the start.
+    queue: dict[int, list[int]] = {}
     pos = dict.fromkeys(sources, 0)
     heap = [(-fin[s], s) for s in sources]
     heapq.heapify(heap)
@@ -480,7 +612,9 @@ def _fill_windows(state: _State, deadlines: Sequence[float]) -> int:
             continue
         if fin[s] <= window_max + 1e-9 or fin[s] <= state.st[s] + state.cp[s] + 1e-9:
             break  # the makespan is no longer set by a free slot's load
-        members = queue[s]
+        members = queue.get(s)
+        if members is None:
+            members = queue[s] = sorted(state.members[s], key=lambda i: (decode[i], i))
         while pos[s] < len(members) and state.where[members[pos[s]]] != s:
             pos[s] += 1
         if pos[s] >= len(members):
@@ -685,7 +819,7 @@ def candidate_configs(prep: _Prep, *, limit: int = FULL_CONFIGS) -> list[_Config
 
     def score(name: str, codes: np.ndarray) -> float:
         est, ms = _fluid(prep, codes)
-        roles = [CODE_ROLE[int(c)] for c in codes]
+        roles = [CODE_ROLE[c] for c in codes.tolist()]
         scored.append(_Config(name, roles, est, ms))
         return est
 
