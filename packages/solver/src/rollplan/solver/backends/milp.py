@@ -87,7 +87,7 @@ class _Highs(pulp.HiGHS):  # type: ignore[misc,valid-type]
     def buildSolverModel(self, lp: pulp.LpProblem) -> None:
         import highspy
 
-        h = lp.solverModel
+        h: Any = lp.solverModel  # a highspy.Highs; PuLP types it loosely
         self.highs = h
         inf = highspy.kHighsInf
         variables = lp.variables()
@@ -97,17 +97,18 @@ class _Highs(pulp.HiGHS):  # type: ignore[misc,valid-type]
         cost = np.zeros(n)
         integer: list[int] = []
         for i, v in enumerate(variables):
-            v.index = i
+            v.index = i  # pyright: ignore[reportAttributeAccessIssue]  (PuLP's HiGHS API reads .index)
             lb[i] = -inf if v.lowBound is None else v.lowBound
             ub[i] = inf if v.upBound is None else v.upBound
             if v.cat == pulp.LpInteger and self.mip:
                 integer.append(i)
-        for v, c in lp.objective.items():
+        objective: Any = lp.objective  # set by the formulation before solving
+        for v, c in objective.items():
             cost[v.index] = c
         h.addVars(n, lb, ub)
         h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
-        if lp.objective.constant:
-            h.changeObjectiveOffset(float(lp.objective.constant))
+        if objective.constant:
+            h.changeObjectiveOffset(float(objective.constant))
         if integer:
             idx = np.asarray(integer, dtype=np.int32)
             h.changeColsIntegrality(len(idx), idx, np.full(len(idx), highspy.HighsVarType.kInteger))
@@ -118,7 +119,7 @@ class _Highs(pulp.HiGHS):  # type: ignore[misc,valid-type]
         index: list[int] = []
         value: list[float] = []
         for i, con in enumerate(rows):
-            con.index = i
+            con.index = i  # pyright: ignore[reportAttributeAccessIssue]
             starts[i] = len(index)
             for v, c in con.items():
                 index.append(v.index)
@@ -138,7 +139,7 @@ class _Highs(pulp.HiGHS):  # type: ignore[misc,valid-type]
             )
 
     def callSolver(self, lp: pulp.LpProblem) -> None:
-        h = lp.solverModel
+        h: Any = lp.solverModel  # a highspy.Highs; PuLP types it loosely
         # The time limit is what is left now, after PuLP and the transfer above. HiGHS counts its
         # time_limit from its own timer's start (the Highs object's creation), hence getRunTime().
         left = max(1e-3, float(self.deadline - self.clock()))
@@ -158,12 +159,12 @@ class _Highs(pulp.HiGHS):  # type: ignore[misc,valid-type]
         h.run()
 
     def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:
-        h = lp.solverModel
+        h: Any = lp.solverModel  # a highspy.Highs; PuLP types it loosely
         sol = h.getSolution()
         values = sol.col_value
         has_sol = h.getInfo().primal_solution_status >= 2 and len(values) == h.getNumCol()
         for v in lp.variables():
-            v.varValue = values[v.index] if has_sol else None
+            v.varValue = values[v.index] if has_sol else None  # pyright: ignore[reportAttributeAccessIssue]
         if has_sol:
             return pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible
         return pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound
@@ -268,7 +269,8 @@ class PulpBuilder:
             return SolveResult(status=None, value=_value)
         optimal = self.prob.sol_status == pulp.LpSolutionOptimal
         st = SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE
-        obj = pulp.value(self.prob.objective)
+        raw = pulp.value(self.prob.objective)
+        obj = float(raw) if isinstance(raw, int | float) else None
         return SolveResult(
             status=st, value=_value, objective=obj, bound=obj if (optimal and limits.relax) else None
         )
