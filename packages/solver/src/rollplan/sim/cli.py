@@ -1,9 +1,213 @@
-"""CLI commands of this module (registered through the ``rollplan.cli`` entry-point group)."""
+"""CLI commands of the simulator (registered through the ``rollplan.cli`` entry-point group):
+``rollplan replay``, ``rollplan demo``, ``rollplan bench replay`` (and ``rollplan workload ...`` from
+``rollplan.sim.cli_workload``)."""
 
 from __future__ import annotations
 
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+from rollplan.models.errors import UserInputError
+
+DEFAULT_DATA = Path("../shared/data")
+
+
+def _progress_runner(scenario: Any, policies: list[Any], *, quiet: bool) -> Any:
+    """Run the replay under a rich progress bar (on stderr; none when ``quiet``)."""
+    from rollplan.sim.replay import run_replay
+
+    if quiet:
+        return run_replay(scenario, policies)
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    by_batches = scenario.max_batches is not None
+    per = float(scenario.max_batches) if by_batches else scenario.end_time
+    unit = "batches" if by_batches else "sim-s"
+    console = Console(stderr=True)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} " + unit),
+                  TimeElapsedColumn(), console=console, transient=False) as prog:
+        tasks: dict[str, Any] = {}
+
+        def start(name: str) -> None:
+            tasks[name] = prog.add_task(name, total=per)
+
+        def batch(name: str, k: int, t: float) -> None:
+            prog.update(tasks[name], completed=min(per, float(k) if by_batches else t))
+
+        res = run_replay(scenario, policies, on_policy_start=start, on_batch=batch)
+        for name, tid in tasks.items():
+            prog.update(tid, completed=per)
+            del name
+    return res
+
+
+def print_table(report: dict[str, Any], *, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from rollplan.sim.report import table_rows
+
+    t = Table(title=title)
+    for col in ("policy", "tokens/s", "x static", "traj/h", "batches", "rollout s", "last-10% share",
+                "switch GPU-s", "re-plans", "gap", "wall s"):
+        t.add_column(col, justify="right" if col != "policy" else "left")
+
+    def f(x: Any, nd: int = 1) -> str:
+        return "-" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+
+    for r in table_rows(report):
+        t.add_row(r["policy"], f(r["tokens_per_s"]), f(r["ratio"], 3), f(r["traj_per_h"]), f(r["batches"]),
+                  f(r["rollout_s"]), f(r["tail_share"], 3), f(r["switching_gpu_s"], 0), f(r["replans"]),
+                  f(r["gap"], 3), f(r["wall_s"], 2))
+    Console(width=150).print(t)
+
+
+def _compact(report: dict[str, Any]) -> dict[str, Any]:
+    """The report without its plot series (for --json on stdout)."""
+    out = dict(report)
+    out["policies"] = {k: {kk: vv for kk, vv in v.items() if kk != "series"} for k, v in report["policies"].items()}
+    return out
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
-    """Add this module's commands to the root app and the ``bench`` sub-app."""
+    """Add ``replay``, ``demo`` and ``bench replay`` (and ``workload`` when available)."""
+    try:
+        from rollplan.sim.cli_workload import register_workload
+    except ImportError:  # pragma: no cover - the inputs module is part of the same package
+        pass
+    else:
+        register_workload(app)
+
+    @app.command("replay")
+    def replay_cmd(
+        availability: Annotated[str, typer.Option("--availability", help="Availability trace file, or 'none'.")],
+        workload: Annotated[str, typer.Option(
+            "--workload", help="Workload JSONL file, 'builtin' (synthetic SWE-like prompts) or 'swebench' (--data).")],
+        trace_format: Annotated[str, typer.Option("--trace-format", help="auto|events|segments|counts-json|counts-text")] = "auto",
+        segment: Annotated[str | None, typer.Option("--segment", help="Segment of a segments trace file.")] = None,
+        model: Annotated[str, typer.Option("--model", help="Model preset.")] = "qwen3-8b",
+        gpu: Annotated[str, typer.Option("--gpu", help="GPU kind of every slot.")] = "h800",
+        dedicated: Annotated[int, typer.Option("--dedicated", min=0, help="Dedicated rollout GPUs.")] = 16,
+        lent: Annotated[int, typer.Option("--lent", min=0, help="Training GPUs lent between steps.")] = 8,
+        max_gpus: Annotated[int, typer.Option("--max-gpus", min=1, help="Cap on preemptible GPUs from the trace.")] = 16,
+        notice_s: Annotated[float, typer.Option("--notice-s", min=0.0, help="Preemption notice (0: none, KV lost).")] = 30.0,
+        policies: Annotated[str, typer.Option("--policies", help="'all' or a comma list.")] = "all",
+        batches: Annotated[int | None, typer.Option("--batches", min=1, help="Stop after N rollouts.")] = None,
+        mode: Annotated[str, typer.Option("--mode", help="sync | async (one-step off-policy).")] = "sync",
+        train_step_s: Annotated[float, typer.Option("--train-step-s", min=0.0, help="Training step seconds.")] = 120.0,
+        groups: Annotated[int, typer.Option("--groups", min=1, help="Prompts per batch (builtin/swebench).")] = 32,
+        samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per prompt (builtin/swebench).")] = 8,
+        data: Annotated[Path, typer.Option("--data", help="Shared data folder (for --workload swebench).")] = DEFAULT_DATA,
+        backend: Annotated[str, typer.Option("--backend", help="rollplan's planner backend.")] = "greedy",
+        time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="rollplan: seconds per plan.")] = 0.05,
+        replan_interval: Annotated[float, typer.Option("--replan-interval", min=0.0, help="Seconds between re-plans.")] = 120.0,
+        pd: Annotated[str, typer.Option("--pd", help="static-disagg P:D split (and formula-pd's start).")] = "1:3",
+        fold_tool_s: Annotated[float, typer.Option("--fold-tool-s", min=0.0, help="Simulator segment folding.")] = 30.0,
+        out: Annotated[Path, typer.Option("--out", help="Folder for report.json and the plots.")] = Path("replay-out"),
+        as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON (no plot series) on stdout.")] = False,
+        seed: Annotated[int, typer.Option("--seed", help="Seed of the workload variation.")] = 0,
+    ) -> None:
+        """Replay an availability trace with a workload under the five policies; report and plots in --out."""
+        from rollplan.models.specs import gpu_kind, model_spec
+        from rollplan.sim.engine import SimConfig
+        from rollplan.sim.lending import LendingConfig, LendMode
+        from rollplan.sim.policies import make_policy, parse_pd, parse_policies
+        from rollplan.sim.replay import Scenario, batch_source
+        from rollplan.sim.report import build_report, write_report
+        from rollplan.sim.traces import load_trace
+
+        model_spec(model)
+        gpu_kind(gpu)
+        if mode not in ("sync", "async"):
+            raise UserInputError(f"unknown mode {mode!r}", fix="use --mode sync or --mode async")
+        names = parse_policies(policies)
+        split = parse_pd(pd)
+        trace = None
+        if availability != "none":
+            trace = load_trace(availability, format=trace_format, segment=segment, gpu=gpu, gpus_per_node=1,  # type: ignore[arg-type]
+                               max_gpus=max_gpus, notice_s=notice_s)
+        if trace is None and batches is None:
+            raise UserInputError("with --availability none the replay needs --batches N", fix="pass --batches N")
+        sc = Scenario(
+            name=f"replay:{Path(availability).name if trace else 'none'}",
+            batches=batch_source(workload, model=model, groups=groups, samples=samples, seed=seed, data_dir=data),
+            model=model, gpu=gpu, dedicated=dedicated, trace=trace,
+            lending=LendingConfig(gpus=lent, gpu=gpu, train_step_s=train_step_s, mode=LendMode(mode)),
+            max_batches=batches, seed=seed, sim=SimConfig(fold_tool_s=fold_tool_s), replan_interval_s=replan_interval,
+        )
+        pols = [make_policy(n, pd=split, backend=backend, time_limit=time_limit) for n in names]
+        t0 = time.perf_counter()
+        result = _progress_runner(sc, pols, quiet=as_json)
+        report = build_report(result)
+        paths = write_report(report, out)
+        if as_json:
+            print(json.dumps(_compact(report), indent=1))
+            return
+        print_table(report, title=f"{sc.name}: {sc.describe()['batch_size']} trajectories/batch, "
+                                  f"{result.runs[0].summary['replay_s'] / 3600:.2f} h simulated")
+        print(f"report: {paths['report']}\nplots:  {paths['roles']}, {paths['throughput']}, {paths['completion_cdf']}")
+        print(f"wall: {time.perf_counter() - t0:.1f} s")
+
+    @app.command("demo")
+    def demo_cmd(
+        out: Annotated[Path, typer.Option("--out", help="Folder for report.json and the plots.")] = Path("demo-out"),
+        seed: Annotated[int, typer.Option("--seed", help="Demo seed.")] = 0,
+        batches: Annotated[int, typer.Option("--batches", min=1, help="RL iterations to replay.")] = 5,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON (no plot series).")] = False,
+    ) -> None:
+        """A built-in seeded replay (no files): 16 dedicated + 8 lent + up to 16 spot H800s, Qwen3-8B, SWE-like batches."""
+        from rollplan.sim.demo import demo_scenario
+        from rollplan.sim.policies import POLICY_NAMES, make_policy
+        from rollplan.sim.report import build_report, write_report
+
+        t0 = time.perf_counter()
+        sc = demo_scenario(seed, batches=batches)
+        result = _progress_runner(sc, [make_policy(n) for n in POLICY_NAMES], quiet=as_json)
+        report = build_report(result)
+        paths = write_report(report, out)
+        if as_json:
+            print(json.dumps(_compact(report), indent=1))
+            return
+        print_table(report, title=f"rollplan demo (seed {seed}): {sc.describe()['batch_size']} trajectories/batch")
+        print(f"report: {paths['report']}\nplots:  {paths['roles']}, {paths['throughput']}, {paths['completion_cdf']}")
+        print(f"wall: {time.perf_counter() - t0:.1f} s")
+
+    @bench.command("replay")
+    def bench_replay_cmd(
+        data: Annotated[Path, typer.Option("--data", help="Shared data folder.")] = DEFAULT_DATA,
+        traces: Annotated[str, typer.Option("--traces", help="'all' or a comma list of bench trace names.")] = "all",
+        seed: Annotated[int, typer.Option("--seed")] = 0,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the JSON only.")] = False,
+    ) -> None:
+        """The replay benchmark on every shared trace: throughput ratios, last-10% shares, p3 replay wall time."""
+        from rollplan.sim.bench_replay import BENCH_TRACES, run_bench
+
+        names = None if traces == "all" else tuple(t.strip() for t in traces.split(",") if t.strip())
+        known = {t[0] for t in BENCH_TRACES}
+        for n in names or ():
+            if n not in known:
+                raise UserInputError(f"unknown bench trace {n!r}", fix=f"use 'all' or some of {sorted(known)}")
+        doc = run_bench(data, traces=names, seed=seed,
+                        on_trace=None if as_json else (lambda n: print(f"replaying {n} ...", file=sys.stderr)))
+        print(json.dumps(doc, indent=1))
+        if as_json:
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title="bench replay: rollplan throughput ratios and last-10% shares")
+        for col in ("trace", "h", "vs elastic", "vs formula-pd", "vs static", "tail rollplan", "best baseline tail"):
+            t.add_column(col, justify="right" if col != "trace" else "left")
+        for r in doc["traces"]:
+            tails = r["tail_share"]
+            base = min((v for k, v in tails.items() if k != "rollplan" and v is not None), default=math.nan)
+            t.add_row(r["trace"], f"{r['duration_h']:.1f}", str(r["rollplan_vs_elastic"]), str(r["rollplan_vs_formula_pd"]),
+                      str(r["rollplan_vs_static"]), str(tails.get("rollplan")), f"{base:.4f}")
+        Console(stderr=True, width=150).print(t)

@@ -1,0 +1,571 @@
+"""The five policies compared on every replay. They all see the same simulator state and act only through
+its policy API (``set_role``, ``migrate``, ``order``/``choose_slot`` for dispatch); none sees true lengths.
+
+- ``static-colocated`` (ROLL-like fixed resources): the dedicated GPUs only, all MIXED; FCFS; least-loaded
+  placement; sticky sessions (a trajectory stays where its KV is).
+- ``static-disagg``: the dedicated GPUs only, a fixed P:D split (``pd``, default 1:3); FCFS; least-loaded
+  placement on the DECODE slots.
+- ``elastic-colocated`` (RLBoost-like): every GPU it may use (dedicated, lent, preemptible), always MIXED,
+  engines started on arrival (cold start / wake + sync); FCFS; least-loaded placement; a slot under notice or
+  reclaim takes no new work; preemption = recompute (the KV is lost, the trajectory re-prefills elsewhere).
+- ``formula-pd`` (Dynamo-planner-like): every usable GPU, the P:D split recomputed each interval in closed
+  form from the measured prefill/decode load and per-GPU capacities, switched immediately whatever it costs
+  (no switching-cost awareness); FCFS; least-loaded placement on DECODE slots; recompute on preemption.
+- ``rollplan``: ``rollplan.solver.plan`` on a snapshot with predicted lengths (``rollplan.sim.predict``);
+  applies roles, engine starts and migrations of the plan; longest-predicted-first dispatch following the
+  plan's placement. See ``RollplanPolicy``.
+
+Re-invocation: on every availability event, at batch start and every ``replan_interval_s`` (the simulator
+calls ``on_replan``); dispatch (``order`` + ``choose_slot``) runs whenever capacity frees up.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from rollplan.models.errors import UnknownNameError, UserInputError
+from rollplan.models.types import EngineState, Role, SlotSource
+from rollplan.sim.engine import DECODING
+
+if TYPE_CHECKING:
+    from rollplan.sim.engine import Simulator, SlotState
+
+log = logging.getLogger(__name__)
+
+POLICY_NAMES = ("static-colocated", "static-disagg", "elastic-colocated", "formula-pd", "rollplan")
+
+
+class BasePolicy:
+    """Defaults shared by the baselines: FCFS order, least-loaded placement on usable decoding slots.
+
+    ``sources``: the slot sources the policy may use (None: all).
+    """
+
+    name = "base"
+    sources: frozenset[SlotSource] | None = None
+    last_gap: float | None = None
+    last_status: str | None = None
+    _cand_key: tuple[int, int] = (0, -1)
+    _cands: list[SlotState] = []  # noqa: RUF012 - replaced per instance on first use
+
+    def attach(self, sim: Simulator) -> None:
+        self.sim = sim
+
+    def may_use(self, s: SlotState) -> bool:
+        return self.sources is None or s.source in self.sources
+
+    def accepts_work(self, s: SlotState) -> bool:
+        """A slot this policy places new work on: present, decoding, not about to be returned."""
+        return s.present and s.role in DECODING and s.return_by is None and self.may_use(s)
+
+    # -- hooks ---------------------------------------------------------------------------------------------
+    def on_replan(self, sim: Simulator, reason: str) -> None:
+        t0 = time.perf_counter()
+        self.decide(sim, reason)
+        sim.recorder.replan(time.perf_counter() - t0, self.last_gap, self.last_status)
+
+    def decide(self, sim: Simulator, reason: str) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def order(self, sim: Simulator) -> Iterable[int]:
+        """Pending trajectories in dispatch order (default FCFS)."""
+        return sim.iter_pending()
+
+    def enqueued(self, sim: Simulator, j: int) -> None:
+        return None
+
+    def candidates(self, sim: Simulator) -> list[SlotState]:
+        """Slots that take new work now: present, decoding, ready, no return deadline, a usable source.
+        Cached until any slot's role, readiness, presence or deadline changes (``sim.slot_epoch``)."""
+        if self._cand_key != (id(sim), sim.slot_epoch):
+            now = sim.now
+            src = self.sources
+            self._cands = [s for s in sim.live if s.role in DECODING and s.return_by is None and s.ready_at <= now
+                           and (src is None or s.source in src)]
+            self._cand_key = (id(sim), sim.slot_epoch)
+        return self._cands
+
+    def choose_slot(self, sim: Simulator, j: int) -> int | None:
+        """Least-loaded (fewest trajectories, then most free KV) usable slot that can take j now; when that one
+        has no room, the one with the most free KV if j fits there."""
+        cands = self.candidates(sim)
+        if not cands:
+            return None
+        best = roomiest = cands[0]
+        best_n = len(best.residents)
+        best_free = room_free = best.kv_cap - best.reserved
+        for s in cands:
+            n = len(s.residents)
+            free = s.kv_cap - s.reserved
+            if n < best_n or (n == best_n and free > best_free):
+                best, best_n, best_free = s, n, free
+            if free > room_free:
+                roomiest, room_free = s, free
+        need = sim.need_new(sim.trajs[j])
+        if sim.free_for_new(best) >= need:
+            return best.idx
+        if sim.free_for_new(roomiest) >= need:
+            return roomiest.idx
+        return None
+
+    def on_traj_done(self, sim: Simulator, j: int) -> None:
+        return None
+
+    def warm_start(self, history: Sequence[tuple[Any, str]]) -> None:
+        """Trajectories finished before the replay window (baselines keep no history)."""
+        return None
+
+
+class StaticColocated(BasePolicy):
+    """Dedicated GPUs only, all MIXED (the fixed-resource ROLL baseline)."""
+
+    name = "static-colocated"
+    sources = frozenset((SlotSource.DEDICATED,))
+
+    def decide(self, sim: Simulator, reason: str) -> None:
+        for s in sim.slots:
+            if s.present and self.may_use(s) and s.role is not Role.MIXED:
+                sim.set_role(s.idx, Role.MIXED)
+
+
+class StaticDisagg(BasePolicy):
+    """Dedicated GPUs only, a fixed P:D split: the first ``round(N * p / (p + d))`` (>= 1) are PREFILL."""
+
+    name = "static-disagg"
+
+    sources = frozenset((SlotSource.DEDICATED,))
+
+    def __init__(self, pd: tuple[int, int] = (1, 3)) -> None:
+        self.pd = pd
+
+    def decide(self, sim: Simulator, reason: str) -> None:
+        mine = [s for s in sim.slots if s.present and self.may_use(s)]
+        n = len(mine)
+        if n == 0:
+            return
+        p, d = self.pd
+        n_p = min(n - 1, max(1, round(n * p / (p + d)))) if n > 1 else 0
+        for i, s in enumerate(mine):
+            want = Role.PREFILL if i < n_p else (Role.DECODE if n > 1 else Role.MIXED)
+            if s.role is not want:
+                sim.set_role(s.idx, want)
+
+
+class ElasticColocated(BasePolicy):
+    """Every GPU (dedicated, lent, preemptible), always MIXED, least-loaded, recompute on preemption."""
+
+    name = "elastic-colocated"
+
+    def decide(self, sim: Simulator, reason: str) -> None:
+        for s in sim.slots:
+            if s.present and s.role is Role.OFF and s.return_by is None:
+                sim.set_role(s.idx, Role.MIXED)
+
+
+class FormulaPD(BasePolicy):
+    """Closed-form P:D each interval from measured load (Dynamo-planner-like); no switching-cost awareness.
+
+    n_p = N * (L_p / mu_p) / (L_p / mu_p + L_d / mu_d) rounded, clamped to [1, N-1], where L_p / L_d are the
+    prefill / decode tokens per second measured over the last interval, mu_p = tokens/s of one GPU
+    prefilling 2048-token chunks and mu_d = tokens/s of one GPU decoding a KV-full batch, both at the mean
+    context of the trajectories now running. Before any measurement: ``initial_pd``.
+    """
+
+    name = "formula-pd"
+
+    def __init__(self, initial_pd: tuple[int, int] = (1, 3)) -> None:
+        self.initial_pd = initial_pd
+        self._last_t = 0.0
+        self._last_p = 0.0
+        self._last_d = 0.0
+        self._share: float | None = None
+
+    def attach(self, sim: Simulator) -> None:
+        super().attach(sim)
+        sim.recorder.track_rates = True
+
+    def _measure(self, sim: Simulator) -> None:
+        rec = sim.recorder
+        dt = sim.now - self._last_t
+        if dt <= 1.0:
+            return
+        lp = rec.rate("prefill", self._last_t, sim.now)
+        ld = rec.rate("decode", self._last_t, sim.now)
+        self._last_t = sim.now
+        if lp <= 0 and ld <= 0:
+            return
+        ctxs = [t.ctx for t in sim.trajs if t.state != 6]
+        ctx = sum(ctxs) / len(ctxs) if ctxs else 8192.0
+        perf = next((s.perf for s in sim.slots if s.present), None)
+        if perf is None:
+            return
+        mu_p = perf.chunk / max(perf.prefill(perf.chunk, ctx), 1e-9)
+        b = max(1, min(sim.cfg.max_num_seqs, int(perf.kv_cap // max(ctx, 1.0))))
+        mu_d = b / max(perf.decode(b, ctx), 1e-9)
+        gp, gd = lp / mu_p, ld / mu_d
+        if gp + gd > 0:
+            self._share = gp / (gp + gd)
+
+    def decide(self, sim: Simulator, reason: str) -> None:
+        if reason == "interval" or self._share is None:
+            self._measure(sim)
+        usable = [s for s in sim.slots if s.present and s.return_by is None]
+        n = len(usable)
+        if n == 0:
+            return
+        if n == 1:
+            if usable[0].role is not Role.MIXED:
+                sim.set_role(usable[0].idx, Role.MIXED)
+            return
+        share = self._share
+        if share is None:
+            p, d = self.initial_pd
+            share = p / (p + d)
+        n_p = min(n - 1, max(1, round(n * share)))
+        prefill = [s for s in usable if s.role is Role.PREFILL]
+        others = [s for s in usable if s.role is not Role.PREFILL]
+        if len(prefill) > n_p:  # surplus PREFILL slots go back to decode
+            for s in prefill[n_p:]:
+                sim.set_role(s.idx, Role.DECODE)
+            prefill = prefill[:n_p]
+        elif len(prefill) < n_p:  # convert the least-loaded others; their trajectories move by KV first
+            convert = sorted(others, key=lambda s: (len(s.residents), s.idx))[: n_p - len(prefill)]
+            keep = [s for s in others if s not in convert]
+            for s in convert:
+                for j in list(s.residents):
+                    self._evacuate(sim, j, keep)
+                sim.set_role(s.idx, Role.PREFILL)
+        for s in usable:
+            if s.role in (Role.OFF, Role.MIXED):
+                sim.set_role(s.idx, Role.DECODE)
+
+    @staticmethod
+    def _evacuate(sim: Simulator, j: int, targets: list[SlotState]) -> None:
+        """Move j (KV transfer) to the least-loaded target with room; if none has room it re-prefills later."""
+        t = sim.trajs[j]
+        room = [s for s in targets if s.role in DECODING and s.kv_cap - s.reserved >= t.ctx]
+        if room:
+            dst = min(room, key=lambda s: (len(s.residents), s.idx))
+            sim.migrate(j, dst.idx, by_kv=True)
+
+
+class _CountingClock:
+    """A deterministic clock for the planner: every read advances it by ``step`` seconds.
+
+    The planner honours its time limit through ``PlannerConfig.clock``; with a wall clock, how far a search
+    gets depends on machine load, so two replays with the same seed could differ. Counting clock reads makes
+    the budget a work budget instead (same inputs, same plan).
+    """
+
+    def __init__(self, step: float = 2e-4) -> None:
+        self.t = 0.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+class RollplanPolicy(BasePolicy):
+    """``rollplan.solver.plan`` on the simulator's state, seen through predictions.
+
+    On every re-plan: build a ``ClusterSnapshot`` (present slots with their role, engine state, weights and
+    return deadline; unfinished trajectories with their phase, context, where their KV is, and the
+    ``Predictor``'s remaining decode/prefill/tool/turn estimates), ``Planner.replan`` it (previous plan as warm
+    start), then apply the plan: bring up slots the plan uses (cold start / wake / sync / role switch: real
+    time in the simulator), move trajectories the plan moves (KV transfer or re-prefill, as the plan's action
+    says), switch slots to PREFILL / OFF last. Between re-plans, pending trajectories are dispatched
+    longest-predicted-first to the slot the plan placed them on (any fitting slot if that one is full).
+    ``deterministic``: the planner's clock counts reads (see ``_CountingClock``).
+    """
+
+    name = "rollplan"
+
+    def __init__(self, backend: str = "greedy", time_limit: float = 0.02, switch_weight: float = 0.01,
+                 deterministic: bool = True) -> None:
+        from rollplan.sim.predict import Predictor
+        from rollplan.solver import Planner, PlannerConfig
+
+        self.backend = backend
+        self.time_limit = time_limit
+        self.switch_weight = switch_weight
+        self.deterministic = deterministic
+        self._Planner = Planner
+        self._PlannerConfig = PlannerConfig
+        self.predictor = Predictor()
+        self.planner: Any = None
+        self._cp: dict[int, float] = {}
+        self._floors: dict[str, Any] = {}
+        self._heap: list[tuple[float, int, int]] = []
+        self._batch = -1
+        self._last_plan_t = -math.inf
+        self._left_at_plan = 0
+        self._groups_seen_at_plan = -1
+        self._kv_lost_at_plan = 0
+        self._a_ref = 0.02
+
+    def attach(self, sim: Simulator) -> None:
+        super().attach(sim)
+        cfg = self._PlannerConfig(
+            backend=self.backend, time_limit=self.time_limit, switch_weight=self.switch_weight,
+            perf=lambda gpu, tp: sim.perf_for(gpu, tp).perf, mem_util=sim.cfg.mem_util,
+            role_switch_seconds=sim.cfg.role_switch_s,
+            clock=_CountingClock() if self.deterministic else time.perf_counter,
+        )
+        self.planner = self._Planner(cfg)
+
+    # -- snapshot ----------------------------------------------------------------------------------------------
+    def _predict(self, sim: Simulator, j: int, progress: tuple[float, int, float, int] | None = None,
+                 ) -> tuple[float, float, float, float, tuple[float, float, float, float]]:
+        """j's predicted remaining (decode, prefill, tool, turns, spreads); also its dispatch-order key."""
+        t = sim.trajs[j]
+        dec, turns, tool, _ctx = progress if progress is not None else sim.progress(t)
+        pf_done = sim.slots[0].perf.spec_prefill(t.spec)[2][min(turns, t.n - 1)] if turns else 0
+        f = self._floors.get(t.group)
+        if f is None:
+            rem = self.predictor.remaining_raw(t.key, t.group, dec, pf_done, tool, turns)
+        else:
+            rem = self.predictor.remaining_raw(t.key, t.group, dec, pf_done, tool, turns, f[0], f[1], f[2])
+        self._cp[j] = rem[0] * self._a_ref + rem[2]
+        return rem
+
+    def snapshot(self, sim: Simulator) -> Any:
+        from rollplan.models.types import ClusterSnapshot, EngineState, Estimate, Phase, Slot, Trajectory
+        from rollplan.sim.engine import DONE, IN_FLIGHT, RUN, TOOL
+
+        slots = []
+        for s in sim.live:
+            engine = s.engine if s.engine is not EngineState.NONE or s.ready_at <= sim.now else EngineState.WARM
+            slots.append(Slot(id=s.id, gpu=s.gpu, node=s.node, tp=s.tp, source=s.source, return_by=s.return_by,
+                              role=s.role, engine=engine, weights_version=s.weights))
+        live = [t for t in sim.trajs if t.state != DONE]
+        progress = [sim.progress(t) for t in live]
+        # Group survival (Seer-style, before any sibling finished): samples of one prompt have similar
+        # lengths, so the sibling that has run longest is a floor for the group's length.
+        floors: dict[str, tuple[float, float, float]] = {}
+        for t, (dec, turns, tool, _ctx) in zip(live, progress, strict=True):
+            f = floors.get(t.group)
+            if f is None or dec > f[0]:
+                floors[t.group] = (dec, tool, float(turns))
+        self._floors = floors
+        slot_ids = [s.id for s in sim.slots]
+        trajs = []
+        decoding, in_tool, pending = Phase.DECODING, Phase.IN_TOOL, Phase.PREFILL_PENDING
+        for t, prog in zip(live, progress, strict=True):
+            dec, pre, tool, turns, sds = self._predict(sim, t.idx, prog)
+            st = t.state
+            phase = decoding if (st == RUN or st in IN_FLIGHT) else (in_tool if st == TOOL else pending)
+            home = slot_ids[t.slot] if t.slot >= 0 and (t.kv_ok or st in IN_FLIGHT) else None
+            trajs.append(Trajectory(
+                id=t.spec.id, group=t.group, phase=phase, context_tokens=max(1, prog[3]), slot=home,
+                remaining_decode_tokens=Estimate(dec, sds[0]), remaining_prefill_tokens=Estimate(pre, sds[1]),
+                remaining_tool_seconds=Estimate(tool, sds[2]), remaining_turns=Estimate(turns, sds[3]),
+                tool_until=t.tool_until if st == TOOL else None,
+            ))
+        return ClusterSnapshot(time=sim.now, model=sim.model, slots=tuple(slots), trajectories=tuple(trajs),
+                               weights_version=sim.weights_version)
+
+    # -- decisions ---------------------------------------------------------------------------------------------
+    def _new_batch(self, sim: Simulator) -> None:
+        if sim.batch != self._batch:
+            self._batch = sim.batch
+            self._cp = {}
+            self._floors = {}
+            self._heap = []
+            self.predictor.start_batch(sim.batch)
+            self.planner.reset()
+            perf = next((s.perf for s in sim.live), None)
+            if perf is not None:
+                self._a_ref = perf.decode(8, 16384.0)
+
+    def _worth_replanning(self, sim: Simulator, reason: str) -> bool:
+        """Whether this invocation calls the planner. Interval ticks re-plan only when something the plan
+        depends on moved: a group's first sibling finished (Seer predictions changed), a tenth of the batch
+        finished, or the last plan is 4 ticks old. Slots leaving re-plan only if work was on them (an empty
+        slot's departure leaves the current plan valid). Arrivals, notices, reclaims, lending and batch
+        starts always re-plan."""
+        if self.planner.previous is None:
+            return True
+        reasons = set(reason.split("+"))
+        if reasons <= {"avail:leave", "deadline"}:
+            # Slots went away: the current plan stays valid unless work was on them (KV lost now).
+            return sim.recorder.counters.get("kv_lost", 0) != self._kv_lost_at_plan
+        if reasons != {"interval"}:
+            return True
+        left = sim.batch_left
+        if self.predictor.groups_seen != self._groups_seen_at_plan:
+            return True
+        if left <= 0.9 * self._left_at_plan:
+            return True
+        return sim.now - self._last_plan_t >= 4 * sim.replan_interval_s - 1e-9
+
+    def on_replan(self, sim: Simulator, reason: str) -> None:
+        self._new_batch(sim)
+        if not sim.batch_active or not self._worth_replanning(sim, reason):
+            return
+        self._last_plan_t = sim.now
+        self._left_at_plan = sim.batch_left
+        self._groups_seen_at_plan = self.predictor.groups_seen
+        self._kv_lost_at_plan = sim.recorder.counters.get("kv_lost", 0)
+        t0 = time.perf_counter()
+        self.last_gap = self.last_status = None
+        self.decide(sim, reason)
+        sim.recorder.replan(time.perf_counter() - t0, self.last_gap, self.last_status)
+
+    def decide(self, sim: Simulator, reason: str) -> None:
+        from rollplan.models.errors import RollplanError
+        from rollplan.models.types import ActionKind
+
+        if not sim.live:
+            return
+        snap = self.snapshot(sim)
+        self._rebuild_heap(sim)
+        if not snap.trajectories:
+            return
+        try:
+            plan = self.planner.replan(snap)
+        except RollplanError as err:
+            log.warning("rollplan policy: no plan at t=%.1f (%s); keeping the current state", sim.now, err)
+            self.last_status = "error"
+            return
+        self.last_gap = plan.gap
+        self.last_status = plan.status.value
+        index = sim.slot_index
+        by_id = {t.spec.id: t for t in sim.trajs}
+        # 1. Slots that will decode: bring them up first (their engines start now).
+        for sid, role in plan.roles.items():
+            s = sim.slots[index[sid]]
+            if role.decodes and (role is not s.role or s.engine is not EngineState.WARM):
+                sim.set_role(s.idx, role)
+        # 2. Moves the plan prices (KV transfer or re-prefill).
+        moves = {a.trajectory: a for a in plan.actions
+                 if a.kind in (ActionKind.MIGRATE_KV, ActionKind.MIGRATE_REPREFILL) and a.trajectory and a.target}
+        for tid, a in moves.items():
+            t = by_id.get(tid)
+            if t is not None and a.target in index:
+                sim.migrate(t.idx, index[a.target], by_kv=a.kind is ActionKind.MIGRATE_KV)
+        # 3. Slots leaving decode (PREFILL / OFF) last, once their trajectories moved.
+        for sid, role in plan.roles.items():
+            s = sim.slots[index[sid]]
+            if not role.decodes and role is not s.role:
+                sim.set_role(s.idx, role)
+        # 4. Where pending trajectories should start.
+        for tid, sid in plan.placement.items():
+            t = by_id.get(tid)
+            if t is not None and t.slot < 0:
+                t.preferred = index[sid]
+
+    def enqueued(self, sim: Simulator, j: int) -> None:
+        self._new_batch(sim)
+        cp = self._cp.get(j)
+        if cp is None:
+            self._predict(sim, j)
+            cp = self._cp[j]
+        heapq.heappush(self._heap, (-cp, sim.trajs[j].pseq, j))
+
+    def _rebuild_heap(self, sim: Simulator) -> None:
+        trajs = sim.trajs
+        self._heap = [(-self._cp.get(j, 0.0), trajs[j].pseq, j) for j in sim.iter_pending()]
+        heapq.heapify(self._heap)
+
+    def order(self, sim: Simulator) -> Iterable[int]:
+        """Longest predicted remaining critical path first."""
+        h = self._heap
+        trajs = sim.trajs
+        while h:
+            _neg, seq, j = h[0]
+            if trajs[j].pseq != seq:
+                heapq.heappop(h)
+                continue
+            yield j
+            if h and h[0][2] == j and trajs[j].pseq != seq:
+                heapq.heappop(h)
+
+    def choose_slot(self, sim: Simulator, j: int) -> int | None:
+        t = sim.trajs[j]
+        if t.preferred >= 0:
+            s = sim.slots[t.preferred]
+            if s.present and s.role in DECODING and s.ready_at <= sim.now and sim.fits_new(s, t):
+                return s.idx
+        return super().choose_slot(sim, j)
+
+    def warm_start(self, history: Sequence[tuple[Any, str]]) -> None:
+        """Observe finished trajectories of earlier RL steps (the job ran before the replay window)."""
+        from rollplan.sim.predict import Totals
+
+        for k, (spec, key) in enumerate(history):
+            self.predictor.observe(key, f"warm:{k}", Totals(float(sum(spec.decode)), float(sum(spec.prefill[1:])),
+                                                           float(sum(spec.tool)), float(len(spec.decode))))
+        self.predictor.start_batch(-2)
+
+    def on_traj_done(self, sim: Simulator, j: int) -> None:
+        from rollplan.sim.predict import Totals
+
+        t = sim.trajs[j]
+        self.predictor.observe(t.key, t.group, Totals(float(sum(t.dec)), float(sum(t.pf[1:])), float(sum(t.tool)),
+                                                      float(t.n)))
+        self._cp.pop(j, None)
+
+
+def parse_pd(text: str) -> tuple[int, int]:
+    """"P:D" -> (P, D), both >= 1."""
+    try:
+        p, d = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise UserInputError(f"bad P:D ratio {text!r}", fix="write it as P:D, e.g. 1:3") from None
+    if p < 1 or d < 1:
+        raise UserInputError(f"bad P:D ratio {text!r}", fix="use P >= 1 and D >= 1")
+    return p, d
+
+
+def make_policy(name: str, **options: Any) -> BasePolicy:
+    """A fresh policy object by name (options: ``pd`` for static-disagg/formula-pd; ``planner`` config,
+    ``predictor`` options for rollplan)."""
+    if name == "static-colocated":
+        return StaticColocated()
+    if name == "static-disagg":
+        return StaticDisagg(options.get("pd", (1, 3)))
+    if name == "elastic-colocated":
+        return ElasticColocated()
+    if name == "formula-pd":
+        return FormulaPD(options.get("pd", (1, 3)))
+    if name == "rollplan":
+        return RollplanPolicy(**{k: v for k, v in options.items()
+                                 if k in ("backend", "time_limit", "switch_weight", "deterministic")})
+    raise UnknownNameError("policy", name, POLICY_NAMES)
+
+
+def parse_policies(text: str) -> tuple[str, ...]:
+    """"all" or a comma list of policy names (validated, order kept, duplicates dropped)."""
+    if text.strip() == "all":
+        return POLICY_NAMES
+    out: list[str] = []
+    for raw in text.split(","):
+        name = raw.strip()
+        if not name:
+            continue
+        if name not in POLICY_NAMES:
+            raise UnknownNameError("policy", name, POLICY_NAMES)
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise UserInputError("no policy given", fix="pass --policies all or a comma list")
+    return tuple(out)
+
+
+__all__ = [
+    "POLICY_NAMES",
+    "BasePolicy",
+    "ElasticColocated",
+    "FormulaPD",
+    "StaticColocated",
+    "StaticDisagg",
+    "make_policy",
+    "parse_pd",
+    "parse_policies",
+]

@@ -1,0 +1,564 @@
+"""A replay: one scenario (availability trace, lending, workload, model, GPUs) run under several policies.
+
+The RL loop (``RLDriver``) rolls out batch k, then runs training step k (``LendingSchedule`` decides when),
+until ``max_batches`` rollouts are done or the trace ends:
+
+- ``sync``: rollout k, then step k; the next rollout starts when the step ends. Lent training GPUs are lent
+  when a step ends and reclaimed when the next step starts (= when the rollout is done: they are empty then).
+- ``async`` (one-step off-policy, as PEARL): step k starts when rollout k is done and step k-1 has ended;
+  rollout k+1 starts at the same time with the weights of step k-1. Training GPUs are lent only while the
+  trainer is idle: from the end of step k-1 until step k starts.
+
+Every policy replays the same scenario with the same seed: the same batches (``BatchSource``), the same
+availability events, the same performance model. Nothing here reads a clock except the wall time of a
+whole replay (reported, never used for decisions).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rollplan.models.perf import default_provider
+from rollplan.models.specs import gpu_kind, model_spec
+from rollplan.models.types import AvailabilityEvent, EngineState, EventKind, Slot, SlotSource
+from rollplan.sim.engine import FastPerf, SimConfig, SimTraj, Simulator
+from rollplan.sim.events import Event, EvKind
+from rollplan.sim.lending import LendingConfig, LendingSchedule, LendMode, TrainStep
+from rollplan.sim.metrics import Recorder, summarize
+from rollplan.sim.traces import AvailabilityTrace
+from rollplan.sim.workload import GroupVariation, TrajectorySpec, Workload
+
+log = logging.getLogger(__name__)
+
+
+# --- batches ------------------------------------------------------------------------------------------------
+
+
+def truncate_sim(t: SimTraj, max_context: int) -> SimTraj:
+    """``t`` cut to fit ``max_context`` tokens, by the rules of ``rollplan.sim.workload.truncate_to_context``
+    (a prompt that leaves no room is cut to half the context; a turn whose new tokens leave no room is dropped
+    with the rest; a turn whose decode overflows is cut to the room left and ends the trajectory, without a
+    tool call). A test checks both agree."""
+    pf, dec, tool = t.prefill, t.decode, t.tool
+    if t.prompt_tokens + sum(pf) + sum(dec) <= max_context:
+        return t
+    prompt = t.prompt_tokens if t.prompt_tokens < max_context else max_context // 2
+    ctx = prompt
+    op: list[int] = []
+    od: list[int] = []
+    ot: list[float] = []
+    for k in range(len(dec)):
+        p = pf[k]
+        if ctx + p >= max_context:
+            if k > 0:
+                break
+            p = max_context - ctx - 1
+        ctx += p
+        room = max_context - ctx
+        if dec[k] > room:
+            op.append(p)
+            od.append(room)
+            ot.append(0.0)
+            break
+        op.append(p)
+        od.append(dec[k])
+        ot.append(tool[k])
+        ctx += dec[k]
+    return SimTraj(t.id, t.group, prompt, tuple(op), tuple(od), tuple(ot), t.source)
+
+
+def vary_fast(
+    base: SimTraj, rng: np.random.Generator, variation: GroupVariation, *, traj_id: str, group: str
+) -> SimTraj:
+    """One varied sample of ``base`` by the rules of ``rollplan.sim.workload.vary`` (a turn-count factor with
+    middle turns dropped or copied, one decode scale per sample, per-turn jitter on decode, new prefill tokens
+    and tool seconds; all lognormal with median 1), drawn with numpy in one go."""
+    v = variation
+    n = len(base.decode)
+    idx = list(range(n))
+    if n > 1 and v.turns_sigma > 0:
+        target = max(1, round(n * float(rng.lognormal(0.0, v.turns_sigma))))
+        if target < n:
+            idx = [*idx[: target - 1], idx[-1]]
+        elif target > n:
+            pool = idx[1:-1] or idx[:-1]
+            for _ in range(target - n):
+                idx.insert(int(rng.integers(1, len(idx))), pool[int(rng.integers(len(pool)))])
+    m = len(idx)
+    ii = np.asarray(idx)
+    p = np.asarray(base.prefill, dtype=float)[ii]
+    d = np.asarray(base.decode, dtype=float)[ii]
+    w = np.asarray(base.tool, dtype=float)[ii]
+    scale = float(rng.lognormal(0.0, v.sample_sigma)) if v.sample_sigma > 0 else 1.0
+    if v.turn_sigma > 0:
+        jd, jp = rng.lognormal(0.0, v.turn_sigma, (2, m))
+    else:
+        jd = jp = np.ones(m)
+    jt = rng.lognormal(0.0, v.tool_sigma, m) if v.tool_sigma > 0 else np.ones(m)
+    pv = np.rint(p * jp).astype(int)
+    pv[0] = base.prefill[idx[0]]
+    dv = np.maximum(1, np.rint(d * scale * jd)).astype(int)
+    wv = np.round(w * jt, 3)
+    return SimTraj(traj_id, group, base.prompt_tokens, tuple(pv.tolist()), tuple(dv.tolist()), tuple(wv.tolist()),
+                   base.source)
+
+
+def vary_group(
+    base: SimTraj, n: int, rng: np.random.Generator, variation: GroupVariation, *, ids: Sequence[str], group: str,
+    max_context: int | None = None,
+) -> list[SimTraj]:
+    """``n`` samples of one prompt, as ``vary_fast`` draws them but with one numpy draw for the whole group
+    (batches hold thousands of trajectories); each cut to ``max_context`` when given."""
+    v = variation
+    m0 = len(base.decode)
+    idxs: list[list[int]] = []
+    targets = rng.lognormal(0.0, v.turns_sigma, n) if (m0 > 1 and v.turns_sigma > 0) else None
+    for s in range(n):
+        idx = list(range(m0))
+        if targets is not None:
+            target = max(1, round(m0 * float(targets[s])))
+            if target < m0:
+                idx = [*idx[: target - 1], idx[-1]]
+            elif target > m0:
+                pool = idx[1:-1] or idx[:-1]
+                picks = rng.integers(0, 1 << 30, (target - m0, 2))
+                for a, b in picks.tolist():
+                    idx.insert(1 + a % (len(idx) - 1), pool[b % len(pool)])
+        idxs.append(idx)
+    lens = [len(i) for i in idxs]
+    total = sum(lens)
+    ii = np.fromiter((x for idx in idxs for x in idx), int, total)
+    p = np.asarray(base.prefill, dtype=float)[ii]
+    d = np.asarray(base.decode, dtype=float)[ii]
+    w = np.asarray(base.tool, dtype=float)[ii]
+    scale = rng.lognormal(0.0, v.sample_sigma, n) if v.sample_sigma > 0 else np.ones(n)
+    jd, jp = rng.lognormal(0.0, v.turn_sigma, (2, total)) if v.turn_sigma > 0 else (np.ones(total), np.ones(total))
+    jt = rng.lognormal(0.0, v.tool_sigma, total) if v.tool_sigma > 0 else np.ones(total)
+    pv = np.rint(p * jp).astype(int)
+    lens_a = np.asarray(lens, dtype=np.intp)
+    starts = np.cumsum(lens_a) - lens_a
+    pv[starts] = base.prefill[0]
+    dv = np.maximum(1, np.rint(d * np.repeat(scale, lens) * jd)).astype(int).tolist()
+    wv = np.round(w * jt, 3).tolist()
+    pl = pv.tolist()
+    out = []
+    for s, a in enumerate(starts.tolist()):
+        b = a + lens[s]
+        t = SimTraj(ids[s], group, base.prompt_tokens, tuple(pl[a:b]), tuple(dv[a:b]), tuple(wv[a:b]), base.source)
+        out.append(truncate_sim(t, max_context) if max_context is not None else t)
+    return out
+
+
+@dataclass(frozen=True)
+class BatchSource:
+    """The rollout batches of a replay, deterministic in ``seed``.
+
+    Two modes. ``dataset`` (``groups`` > 0): ``bases`` is a prompt set (one base trajectory per prompt); batch
+    k takes the next ``groups`` prompts of a seeded per-epoch permutation (prompts recur across epochs, as in
+    RL over a dataset) and draws ``samples`` varied samples of each (``vary_fast``). ``fixed`` (``groups`` ==
+    0): every batch is ``bases`` itself (a workload file): batch 0 as written, batch k >= 1 with every
+    trajectory re-varied. ``max_context`` cuts every sample to fit the model.
+
+    History keys (what the predictor's prior is keyed on: the prompt): the base's ``source`` (or id) in
+    dataset mode, the group in fixed mode.
+    """
+
+    bases: tuple[SimTraj, ...]
+    groups: int = 0
+    samples: int = 1
+    seed: int = 0
+    variation: GroupVariation = field(default_factory=GroupVariation)
+    max_context: int | None = None
+    _cache: dict[int, tuple[tuple[SimTraj, ...], tuple[str, ...]]] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def dataset(
+        cls, specs: Sequence[TrajectorySpec | SimTraj], *, groups: int, samples: int, seed: int = 0,
+        max_context: int | None = None, variation: GroupVariation | None = None,
+    ) -> BatchSource:
+        bases = tuple(s if isinstance(s, SimTraj) else SimTraj.from_spec(s) for s in specs)
+        if max_context is not None:
+            bases = tuple(truncate_sim(b, max_context) for b in bases)
+        return cls(bases, groups, samples, seed, variation or GroupVariation(), max_context)
+
+    @classmethod
+    def fixed(cls, workload: Workload, *, seed: int = 0, max_context: int | None = None) -> BatchSource:
+        bases = tuple(SimTraj.from_spec(s) for s in workload.trajectories)
+        return cls(bases, 0, 1, seed, GroupVariation(), max_context)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.bases) if self.groups <= 0 else self.groups * self.samples
+
+    def batch(self, k: int) -> tuple[tuple[SimTraj, ...], tuple[str, ...]]:
+        """(trajectories, history keys) of batch ``k``."""
+        hit = self._cache.get(k)
+        if hit is not None:
+            return hit
+        if self.groups <= 0:
+            specs = list(self.bases)
+            if k > 0:
+                specs = [vary_fast(sp, np.random.default_rng([self.seed, k, i]), self.variation,
+                                   traj_id=sp.id, group=sp.group) for i, sp in enumerate(specs)]
+            keys = [sp.group for sp in specs]
+        else:
+            per_epoch = len(self.bases)
+            picks: list[SimTraj] = []
+            perms: dict[int, list[int]] = {}
+            for pos in range(k * self.groups, (k + 1) * self.groups):
+                epoch, i = divmod(pos, per_epoch)
+                if epoch not in perms:
+                    perm = list(range(per_epoch))
+                    random.Random(f"{self.seed}:epoch:{epoch}").shuffle(perm)
+                    perms[epoch] = perm
+                picks.append(self.bases[perms[epoch][i]])
+            specs, keys = [], []
+            width = max(2, len(str(self.groups - 1)))
+            for gi, base in enumerate(picks):
+                g = f"b{k}g{gi:0{width}d}"
+                rng = np.random.default_rng([self.seed, k, gi])
+                ids = [f"{g}/s{s}" for s in range(self.samples)]
+                specs.extend(vary_group(base, self.samples, rng, self.variation, ids=ids, group=g,
+                                        max_context=self.max_context))
+                keys.extend([base.source or base.id] * self.samples)
+        if self.max_context is not None and self.groups <= 0:
+            specs = [truncate_sim(sp, self.max_context) for sp in specs]
+        out = (tuple(specs), tuple(keys))
+        self._cache[k] = out
+        return out
+
+
+# --- scenario -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything a replay needs except the policy.
+
+    ``dedicated``: rollout GPUs owned by the job (H800 slots ``ded{node}/g{i}``, 8 per node, tp=1).
+    ``trace``: preemptible GPUs (None: none). ``lending``: training GPUs lent between steps.
+    ``max_batches``: stop after this many rollouts (None: until the trace ends). ``duration_s``: hard end
+    (default: the trace's duration; required when there is no trace and no ``max_batches``).
+    """
+
+    name: str
+    batches: BatchSource
+    model: str = "qwen3-8b"
+    gpu: str = "h800"
+    dedicated: int = 16
+    trace: AvailabilityTrace | None = None
+    lending: LendingConfig = field(default_factory=lambda: LendingConfig(gpus=0))
+    max_batches: int | None = None
+    duration_s: float | None = None
+    seed: int = 0
+    sim: SimConfig = field(default_factory=SimConfig)
+    replan_interval_s: float = 120.0
+    calibrated: bool = False
+    warmup_batches: int = 0
+
+    def history(self) -> list[tuple[SimTraj, str]]:
+        """The finished trajectories of the ``warmup_batches`` RL steps before the replay window (what a
+        policy that keeps history has seen by then); the window's batch k is the source's batch k + W."""
+        out: list[tuple[SimTraj, str]] = []
+        for k in range(self.warmup_batches):
+            specs, keys = self.batches.batch(k)
+            out.extend(zip(specs, keys, strict=True))
+        return out
+
+    @property
+    def end_time(self) -> float:
+        if self.duration_s is not None:
+            return self.duration_s
+        if self.trace is not None:
+            return self.trace.duration_s
+        return math.inf
+
+    def dedicated_slots(self) -> tuple[Slot, ...]:
+        kind = gpu_kind(self.gpu).name
+        return tuple(
+            Slot(id=f"ded{i // 8}/g{i % 8}", gpu=kind, node=f"ded{i // 8}", tp=1, source=SlotSource.DEDICATED,
+                 engine=EngineState.WARM)
+            for i in range(self.dedicated)
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "model": self.model,
+            "gpu": self.gpu,
+            "dedicated_gpus": self.dedicated,
+            "lent_gpus": self.lending.gpus,
+            "train_step_s": self.lending.train_step_s,
+            "mode": self.lending.mode.value,
+            "trace": self.trace.summary() if self.trace is not None else None,
+            "max_batches": self.max_batches,
+            "end_time_s": None if math.isinf(self.end_time) else self.end_time,
+            "batch_size": self.batches.batch_size,
+            "seed": self.seed,
+            "fold_tool_s": self.sim.fold_tool_s,
+            "replan_interval_s": self.replan_interval_s,
+            "warmup_batches": self.warmup_batches,
+        }
+
+
+# --- the RL loop --------------------------------------------------------------------------------------------
+
+
+class RLDriver:
+    """Batches, training steps and lending around one simulator (see the module docstring)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.sc = scenario
+        self.schedule = LendingSchedule(scenario.lending)
+        self.mode = scenario.lending.mode
+        self.steps: list[TrainStep] = []
+        self.rollouts_done = 0
+        self.lend_events: list[AvailabilityEvent] = []
+        self.lent = False
+        self.train_done = 0
+        self.on_batch_callback: Callable[[int, float], None] | None = None
+
+    def _more(self, k: int) -> bool:
+        return self.sc.max_batches is None or k < self.sc.max_batches
+
+    def _lending(self, sim: Simulator, ev: AvailabilityEvent) -> Event:
+        self.lend_events.append(ev)
+        return sim.q.make(ev.time, EvKind.AVAIL, -1, len(self.lend_events) - 1)
+
+    def lending_event(self, index: int) -> AvailabilityEvent:
+        return self.lend_events[index]
+
+    def start(self, sim: Simulator) -> list[Event]:
+        out = [sim.q.make(0.0, EvKind.BATCH_START, 0, 0)]
+        if self.sc.lending.gpus > 0:
+            out.append(self._lending(sim, self.schedule.lend_event(0.0 + self.sc.lending.lend_delay_s)))
+            self.lent = True
+        return out
+
+    def on_event(self, sim: Simulator, ev: Event) -> list[Event]:
+        if ev.kind == EvKind.BATCH_START:
+            specs, keys = self.sc.batches.batch(ev.a + self.sc.warmup_batches)
+            return sim.start_batch(ev.a, specs, keys, weights_version=self.train_done)
+        if ev.kind == EvKind.TRAIN_DONE:
+            self.train_done += 1
+            out: list[Event] = []
+            step = self.steps[ev.a]
+            if self.sc.lending.gpus > 0 and not self.lent:
+                out.append(self._lending(sim, self.schedule.lend_event(step.end + self.sc.lending.lend_delay_s)))
+                self.lent = True
+            if self.mode is LendMode.SYNC:
+                if self._more(self.rollouts_done):
+                    out.append(sim.q.make(sim.now, EvKind.BATCH_START, self.rollouts_done, 0))
+                else:
+                    sim.stop()
+            elif not self._more(self.rollouts_done) and ev.a == len(self.steps) - 1:
+                sim.stop()
+            return out
+        return []
+
+    def on_batch_done(self, sim: Simulator) -> list[Event]:
+        now = sim.now
+        self.rollouts_done += 1
+        if self.on_batch_callback is not None:
+            self.on_batch_callback(self.rollouts_done, now)
+        prev_end = self.steps[-1].end if self.steps else None
+        if self.mode is LendMode.SYNC:
+            step = self.schedule.next_train_step(now)
+        else:
+            step = self.schedule.next_train_step(now, prev_end=prev_end)
+        self.steps.append(step)
+        out: list[Event] = []
+        if self.lent:
+            # The lent GPUs go back for the step (empty now: the rollout is done, the next one starts with it).
+            out += sim.apply_availability(self.schedule.reclaim_event(now, step.start))
+            self.lent = False
+        out.append(sim.q.make(step.end, EvKind.TRAIN_DONE, len(self.steps) - 1, 0))
+        if self.mode is LendMode.ASYNC and self._more(self.rollouts_done):
+            out.append(sim.q.make(step.start, EvKind.BATCH_START, self.rollouts_done, 0))
+        return out
+
+
+# --- running --------------------------------------------------------------------------------------------------
+
+
+def perf_factory(model: str, *, calibrated: bool, config: SimConfig) -> Callable[[str, int], FastPerf]:
+    """(gpu kind, tp) -> FastPerf, cached: shared by every policy of a replay (same model, same tables)."""
+    provider = default_provider(model, calibrated=calibrated)
+    spec = model_spec(model)
+    cache: dict[tuple[str, int], FastPerf] = {}
+
+    def get(gpu: str, tp: int) -> FastPerf:
+        key = (gpu, tp)
+        if key not in cache:
+            cache[key] = FastPerf(provider(gpu, tp), config.prefill_chunk, spec.max_context, config.mem_util)
+        return cache[key]
+
+    return get
+
+
+@dataclass
+class PolicyRun:
+    """One policy's replay: its recorder and summary."""
+
+    name: str
+    recorder: Recorder
+    summary: dict[str, Any]
+
+
+def run_policy(
+    scenario: Scenario,
+    policy: Any,
+    *,
+    perf_for: Callable[[str, int], FastPerf] | None = None,
+    on_batch: Callable[[int, float], None] | None = None,
+) -> PolicyRun:
+    """Replay ``scenario`` under ``policy`` (a fresh policy object per replay)."""
+    perf_for = perf_for or perf_factory(scenario.model, calibrated=scenario.calibrated, config=scenario.sim)
+    driver = RLDriver(scenario)
+    driver.on_batch_callback = on_batch
+    if scenario.warmup_batches:
+        policy.warm_start(scenario.history())
+    sim = Simulator(
+        model=scenario.model,
+        perf_for=perf_for,
+        policy=policy,
+        driver=driver,
+        availability=scenario.trace.events if scenario.trace is not None else (),
+        dedicated=scenario.dedicated_slots(),
+        config=scenario.sim,
+        replan_interval_s=scenario.replan_interval_s,
+        end_time=scenario.end_time,
+    )
+    t0, c0 = time.perf_counter(), time.process_time()
+    rec = sim.run()
+    rec.wall_seconds = time.perf_counter() - t0
+    rec.cpu_seconds = time.process_time() - c0
+    return PolicyRun(policy.name, rec, summarize(rec))
+
+
+@dataclass
+class ReplayResult:
+    """Every policy's run on one scenario."""
+
+    scenario: Scenario
+    runs: list[PolicyRun]
+    wall_s: float
+    cpu_s: float = 0.0
+
+    def by_name(self) -> dict[str, PolicyRun]:
+        return {r.name: r for r in self.runs}
+
+
+def _batch_callback(on_batch: Callable[[str, int, float], None], name: str) -> Callable[[int, float], None]:
+    def cb(k: int, t: float) -> None:
+        on_batch(name, k, t)
+
+    return cb
+
+
+def run_replay(
+    scenario: Scenario,
+    policies: Sequence[Any],
+    *,
+    on_policy_start: Callable[[str], None] | None = None,
+    on_batch: Callable[[str, int, float], None] | None = None,
+) -> ReplayResult:
+    """Replay ``scenario`` under each of ``policies`` (fresh policy objects), sharing the performance tables."""
+    perf_for = perf_factory(scenario.model, calibrated=scenario.calibrated, config=scenario.sim)
+    t0, c0 = time.perf_counter(), time.process_time()
+    runs = []
+    # The hot loop creates no reference cycles; full collections over tens of thousands of live trajectory
+    # objects would cost ~15% of a replay, so the cyclic collector is paused (and restored) around it.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for pol in policies:
+            if on_policy_start is not None:
+                on_policy_start(pol.name)
+            cb = None if on_batch is None else _batch_callback(on_batch, pol.name)
+            runs.append(run_policy(scenario, pol, perf_for=perf_for, on_batch=cb))
+    finally:
+        if was_enabled:
+            gc.enable()
+    return ReplayResult(scenario, runs, time.perf_counter() - t0, time.process_time() - c0)
+
+
+# --- scenario building (CLI, demo, bench) -------------------------------------------------------------------
+
+SWEBENCH_FILES = ("agent_swebench_llm_calls.csv", "agent_swebench_tool_calls.csv")
+
+
+def builtin_bases(seed: int, *, prompts: int = 96) -> tuple[SimTraj, ...]:
+    """The built-in prompt set (no files): seeded synthetic agentic-coding trajectories shaped like the
+    SWE-bench traces (about 20 turns, 8k-token prompts, 600 new tokens and 250 generated per turn, a few
+    seconds of tool time per turn, heavy-tailed across prompts)."""
+    from rollplan.sim.workload import synthetic_workload
+
+    w = synthetic_workload(prompts, 1, seed, turns_median=20.0, max_turns=60, prompt_median=8000.0,
+                           observation_median=600.0, decode_median=250.0, tool_median_s=2.0, length_sigma=0.7)
+    return tuple(SimTraj.from_spec(t) for t in w.trajectories)
+
+
+def swebench_bases(data_dir: str | Path) -> tuple[SimTraj, ...]:
+    """One base trajectory per recorded SWE-bench agent run in ``data_dir`` (the shared data folder)."""
+    from rollplan.sim.workload import swebench_runs
+
+    d = Path(data_dir)
+    return tuple(SimTraj.from_spec(t) for t in swebench_runs(d / SWEBENCH_FILES[0], d / SWEBENCH_FILES[1]))
+
+
+def batch_source(
+    workload: str, *, model: str, groups: int, samples: int, seed: int, data_dir: str | Path | None = None
+) -> BatchSource:
+    """``builtin`` (synthetic prompt set), ``swebench`` (the shared SWE-bench traces in ``data_dir``), or a
+    workload JSONL file (every batch is that file, re-varied from batch 1 on). Contexts cut to the model's."""
+    from rollplan.models.errors import UserInputError
+    from rollplan.sim.workload import load_workload
+
+    max_ctx = model_spec(model).max_context
+    if workload == "builtin":
+        return BatchSource.dataset(builtin_bases(seed), groups=groups, samples=samples, seed=seed, max_context=max_ctx)
+    if workload == "swebench":
+        if data_dir is None or not all((Path(data_dir) / f).is_file() for f in SWEBENCH_FILES):
+            raise UserInputError(f"--workload swebench needs {', '.join(SWEBENCH_FILES)} in --data {data_dir}",
+                                 fix="pass --data DIR (the shared data folder, ../shared/data)")
+        return BatchSource.dataset(swebench_bases(data_dir), groups=groups, samples=samples, seed=seed,
+                                   max_context=max_ctx)
+    return BatchSource.fixed(load_workload(workload), seed=seed, max_context=max_ctx)
+
+
+def lending_from(gpus: int, *, gpu: str, mode: str, train_step_s: float, reclaim_notice_s: float = 10.0) -> LendingConfig:
+    return LendingConfig(gpus=gpus, gpu=gpu, train_step_s=train_step_s, mode=LendMode(mode),
+                         reclaim_notice_s=reclaim_notice_s)
+
+
+def availability_events(trace: AvailabilityTrace | None) -> Sequence[AvailabilityEvent]:
+    return trace.events if trace is not None else ()
+
+
+__all__ = [
+    "BatchSource",
+    "EventKind",
+    "PolicyRun",
+    "RLDriver",
+    "ReplayResult",
+    "Scenario",
+    "availability_events",
+    "batch_source",
+    "builtin_bases",
+    "lending_from",
+    "perf_factory",
+    "run_policy",
+    "run_replay",
+    "swebench_bases",
+]

@@ -1,0 +1,109 @@
+"""Policies on small scenarios: what each one may use, notice and deadline handling, rollplan's planner use."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollplan.models.errors import UnknownNameError, UserInputError
+from rollplan.models.types import AvailabilityEvent, EventKind, Role, Slot, SlotSource
+from rollplan.sim.engine import SimConfig, SimTraj
+from rollplan.sim.lending import LendingConfig, LendMode
+from rollplan.sim.policies import POLICY_NAMES, RollplanPolicy, make_policy, parse_pd, parse_policies
+from rollplan.sim.replay import BatchSource, Scenario, builtin_bases, run_policy
+from rollplan.sim.traces import AvailabilityTrace
+
+
+def _trace(events: list[AvailabilityEvent], duration: float) -> AvailabilityTrace:
+    return AvailabilityTrace("handmade", tuple(events), duration, "h800")
+
+
+def _spot(i: int) -> Slot:
+    return Slot(id=f"spot{i}/g0", gpu="h800", node=f"spot{i}", source=SlotSource.PREEMPTIBLE)
+
+
+def _long_batch(n: int = 8, turns: int = 20) -> BatchSource:
+    specs = tuple(SimTraj(f"t{i}", f"g{i // 4}", 4000, (0,) + (800,) * (turns - 1), (600,) * turns,
+                          (1.0,) * (turns - 1) + (0.0,)) for i in range(n))
+    return BatchSource(specs)
+
+
+def test_static_policies_use_dedicated_gpus_only() -> None:
+    arrive = AvailabilityEvent(0.0, EventKind.ARRIVE, slots=(_spot(0), _spot(1)))
+    sc = Scenario("s", _long_batch(), dedicated=2, trace=_trace([arrive], 3600), max_batches=1,
+                  lending=LendingConfig(gpus=2, train_step_s=30.0))
+    for name in ("static-colocated", "static-disagg"):
+        s = run_policy(sc, make_policy(name)).summary
+        used = sum(v for k, v in s["gpu_seconds"].items() if k in ("mixed", "decode", "prefill"))
+        assert used == pytest.approx(2 * s["replay_s"], abs=0.5), name  # rollout + training step (rounded)
+    el = run_policy(sc, make_policy("elastic-colocated")).summary
+    assert el["gpu_seconds"]["mixed"] > 4 * el["batches"][0]["rollout_s"]  # it started the spot and lent GPUs
+    assert el["switching_gpu_seconds"] > 2 * 60  # two cold starts (~61 s each) at least
+
+
+def test_preemption_with_notice_rollplan_migrates_elastic_recomputes() -> None:
+    # Two spot GPUs only (cold start ~61 s); one gets a 60 s notice at t=150 and leaves at t=210.
+    ev = [
+        AvailabilityEvent(0.0, EventKind.ARRIVE, slots=(_spot(0), _spot(1))),
+        AvailabilityEvent(150.0, EventKind.NOTICE, slot_ids=("spot0/g0",), deadline=210.0),
+        AvailabilityEvent(210.0, EventKind.LEAVE, slot_ids=("spot0/g0",)),
+    ]
+    sc = Scenario("notice", _long_batch(), dedicated=0, trace=_trace(ev, 3600), max_batches=1, replan_interval_s=30.0)
+    el = run_policy(sc, make_policy("elastic-colocated")).summary
+    rp = run_policy(sc, make_policy("rollplan")).summary
+    assert el["counters"].get("kv_lost", 0) > 0  # recompute on preemption
+    assert rp["counters"].get("kv_lost", 0) == 0  # moved off before the deadline
+    assert rp["counters"].get("migrations_kv", 0) > 0
+    for s in (el, rp):
+        assert s["trajectories_completed"] == 8
+
+
+def test_reclaim_deadline_is_enforced_for_every_policy() -> None:
+    # Lent slots reclaimed mid-rollout with a deadline: nothing runs on them after it.
+    lent = tuple(Slot(id=f"train0/g{i}", gpu="h800", node="train0", source=SlotSource.LENT_BY_TRAINING) for i in range(2))
+    ev = [
+        AvailabilityEvent(0.0, EventKind.LEND, slot_ids=tuple(s.id for s in lent), slots=lent),
+        AvailabilityEvent(50.0, EventKind.RECLAIM, slot_ids=tuple(s.id for s in lent), deadline=80.0),
+    ]
+    sc = Scenario("reclaim", _long_batch(), dedicated=1, trace=_trace(ev, 3600), max_batches=1, replan_interval_s=20.0)
+    for name in POLICY_NAMES:
+        s = run_policy(sc, make_policy(name)).summary
+        assert s["trajectories_completed"] == 8, name
+        lost = s["counters"].get("deadline_kv_lost", 0)
+        if name == "rollplan":
+            assert lost == 0, s["counters"]
+
+
+def test_rollplan_plans_from_predictions_and_reports_gaps() -> None:
+    src = BatchSource.dataset(builtin_bases(0, prompts=8), groups=4, samples=4, seed=0, max_context=40960)
+    sc = Scenario("rp", src, dedicated=4, max_batches=3, sim=SimConfig(fold_tool_s=5.0), replan_interval_s=60.0)
+    pol = RollplanPolicy(backend="greedy", time_limit=0.05)
+    s = run_policy(sc, pol).summary
+    assert s["batches_completed"] == 3
+    assert s["replans"]["count"] >= 3
+    assert s["replans"]["gap"]["n"] == s["replans"]["count"]
+    assert all(k in ("heuristic", "optimal", "feasible", "fallback", "deadline_relaxed") for k in s["replans"]["status"])
+    # Later batches draw prompts seen before: the history prior is used.
+    assert pol.predictor.total(next(iter(pol.predictor._history)), "unseen-group")[2] == "history"
+
+
+def test_formula_pd_splits_and_static_disagg_ratio() -> None:
+    sc = Scenario("pd", _long_batch(16), dedicated=8, max_batches=1, replan_interval_s=30.0)
+    s = run_policy(sc, make_policy("static-disagg", pd=(1, 3))).summary
+    assert s["gpu_seconds"]["prefill"] == pytest.approx(s["gpu_seconds"]["decode"] / 3, abs=0.5)
+    f = run_policy(sc, make_policy("formula-pd")).summary
+    assert f["gpu_seconds"].get("prefill", 0) > 0 and f["gpu_seconds"].get("decode", 0) > 0
+    assert f["trajectories_completed"] == 16
+
+
+def test_names_and_parsing() -> None:
+    assert parse_policies("all") == POLICY_NAMES
+    assert parse_policies("rollplan, formula-pd,rollplan") == ("rollplan", "formula-pd")
+    with pytest.raises(UnknownNameError):
+        parse_policies("rollplan,magic")
+    with pytest.raises(UserInputError):
+        parse_pd("3")
+    assert parse_pd("1:7") == (1, 7)
+    with pytest.raises(UnknownNameError):
+        make_policy("nope")
+    assert Role.MIXED.decodes
+    assert LendMode("async") is LendMode.ASYNC

@@ -1,0 +1,63 @@
+"""Report files, the CLI commands (replay, demo, bench replay argument checks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rollplan.sim.demo import demo_scenario
+from rollplan.sim.policies import POLICY_NAMES, make_policy
+from rollplan.sim.replay import run_replay
+from rollplan.sim.report import build_report, write_report
+from rollplan.solver.cli import main
+
+
+@pytest.mark.slow
+def test_demo_runs_and_writes_report(tmp_path: Path) -> None:
+    res = run_replay(demo_scenario(0), [make_policy(n) for n in POLICY_NAMES])
+    report = build_report(res)
+    paths = write_report(report, tmp_path)
+    for key in ("report", "roles", "throughput", "completion_cdf"):
+        assert Path(paths[key]).stat().st_size > 1000
+    doc = json.loads(Path(paths["report"]).read_text())
+    assert set(doc["policies"]) == set(POLICY_NAMES)
+    assert doc["ratio_to_baseline"]["static-colocated"]["throughput_tokens_per_s"] == 1.0
+    for s in doc["policies"].values():
+        assert s["batches_completed"] == 5
+        assert s["series"]["completion_s"]
+
+
+def test_replay_cli_builtin(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["replay", "--availability", "none", "--workload", "builtin", "--batches", "1", "--groups", "4",
+               "--samples", "2", "--dedicated", "2", "--lent", "0", "--policies", "static-colocated,rollplan",
+               "--out", str(tmp_path), "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["policies"]) == {"static-colocated", "rollplan"}
+    assert "series" not in doc["policies"]["rollplan"]
+    assert (tmp_path / "report.json").is_file() and (tmp_path / "roles.png").is_file()
+
+
+def test_replay_cli_trace_file_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("0,add,n1\n0,add,n2\n600000,remove,n1\n")
+    rc = main(["replay", "--availability", str(trace), "--workload", "builtin", "--batches", "1", "--groups", "2",
+               "--samples", "2", "--dedicated", "1", "--policies", "elastic-colocated", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "elastic-colocated" in out and "report:" in out
+    assert main(["replay", "--availability", "none", "--workload", "builtin", "--out", str(tmp_path)]) == 2
+    assert "--batches" in capsys.readouterr().err
+    assert main(["replay", "--availability", "none", "--workload", "builtin", "--batches", "1",
+                 "--policies", "nope", "--out", str(tmp_path)]) == 2
+    bad = tmp_path / "bad.csv"
+    bad.write_text("0,add,n1\nxx,add,n2\n")
+    assert main(["replay", "--availability", str(bad), "--workload", "builtin", "--out", str(tmp_path)]) == 2
+    assert "bad.csv:2" in capsys.readouterr().err
+
+
+def test_bench_replay_rejects_unknown_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "replay", "--traces", "nope"]) == 2
+    assert "unknown bench trace" in capsys.readouterr().err
