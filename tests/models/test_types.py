@@ -179,3 +179,24 @@ def test_json_schema_is_documented() -> None:
     schema = json_schema(ClusterSnapshot)
     assert "slots" in schema["properties"]
     assert "trajectories" in schema["properties"]
+
+
+def test_errors_survive_pickling() -> None:
+    import pickle
+
+    from rollplan.models import ActionFailures, IllegalTransitionError, PlanValidationError, TraceError
+
+    errors = [
+        UnknownNameError("model", "gpt-9", ["qwen3-8b"]),
+        SchemaError("snap.json: slots.0.tp", "bad"),
+        TraceError("trace.csv", 3, "bad row", fix="fix it"),
+        InfeasiblePlanError(["no slot"]),
+        PlanValidationError(["v1", "v2"]),
+        IllegalTransitionError("engine", "stopped", "wake"),
+        ActionFailures([("start s1", RuntimeError("boom"))]),
+    ]
+    for err in errors:
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err)
+        assert str(back) == str(err)
+        assert back.values.keys() == err.values.keys()

@@ -1,9 +1,99 @@
-"""CLI commands of this module (registered through the ``rollplan.cli`` entry-point group)."""
+"""CLI commands of this module (registered through the ``rollplan.cli`` entry-point group).
+
+    rollplan bench executor --json                         # latencies of real vLLM CPU engines (JSON)
+    rollplan bench executor --profile-out prof.jsonl       # + measured timings for `rollplan perf fit --profile`
+
+Registration imports nothing heavy: Ray and vLLM load only when the command runs.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from rollplan.models.errors import SchemaError
+
+ROWS = (
+    ("engine start", "engine_start_s"),
+    ("wake", "wake_s"),
+    ("sleep", "sleep_s"),
+    ("weight sync (reload, per engine)", "weight_sync_reload_s"),
+    ("weight sync (end to end)", "weight_sync_end_to_end_s"),
+    ("role switch (routing)", "role_switch_s"),
+    ("first P/D token after a switch", "pd_first_token_after_switch_s"),
+    ("migration, KV transfer", "migration_kv_s"),
+    ("migration, re-prefill", "migration_reprefill_s"),
+)
+
+
+def _value(out: dict, key: str) -> float | None:
+    v = out.get(key)
+    return v.get("median") if isinstance(v, dict) else v
+
+
+def _table(out: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"executor latencies, medians of {out['repeats']} (CPU engines, tiny model)")
+    table.add_column("what")
+    table.add_column("seconds", justify="right")
+    for label, key in ROWS:
+        v = _value(out, key)
+        table.add_row(label, "-" if v is None else f"{v:.4f}")
+    for p in out.get("profile", []):
+        table.add_row(f"decode step, batch {p['batch']}", f"{p['decode_step_s']:.4f}")
+    Console(stderr=True).print(table)
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this module's commands to the root app and the ``bench`` sub-app."""
+
+    @bench.command("executor")
+    def bench_executor(
+        json_out: Annotated[
+            bool, typer.Option("--json", help="Print the results as one JSON object.")
+        ] = False,
+        repeats: Annotated[int, typer.Option(min=1, max=50, help="Repeats per measurement (medians).")] = 5,
+        profile_out: Annotated[
+            Path | None,
+            typer.Option(
+                "--profile-out", help="Write measured timings as JSONL for `rollplan perf fit --profile`."
+            ),
+        ] = None,
+        batches: Annotated[
+            str, typer.Option(help="Comma-separated decode batch sizes to profile.")
+        ] = "1,4,16,32",
+        model: Annotated[
+            Path | None, typer.Option(help="A local model folder (default: build the tiny model).")
+        ] = None,
+    ) -> None:
+        """Measure engine start, wake, weight sync, role switch and migration latencies on CPU engines."""
+        try:
+            sizes = tuple(int(x) for x in batches.split(",") if x.strip())
+        except ValueError:
+            raise SchemaError(
+                "--batches", f"not a list of integers: {batches!r}", fix="e.g. --batches 1,4,16"
+            ) from None
+        if model is not None and not (model / "config.json").is_file():
+            raise SchemaError(
+                str(model), "no config.json: not a model folder", fix="pass a Hugging Face model folder"
+            )
+        from rollplan.executor.bench import run_bench, write_profile
+
+        def log(msg: str) -> None:
+            print(f"[bench executor] {msg}", file=sys.stderr, flush=True)
+
+        out, profile = run_bench(repeats=repeats, batches=sizes, model=model, log=log)
+        if profile_out is not None:
+            write_profile(profile_out, profile)
+            out["profile_out"] = str(profile_out)
+        if json_out:
+            print(json.dumps(out, indent=2))
+        else:
+            _table(out)
+            print(json.dumps(out))

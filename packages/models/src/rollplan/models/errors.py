@@ -20,11 +20,23 @@ class RollplanError(Exception):
         self.values = values
         super().__init__(self.__str__())
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Subclasses take other constructor arguments; rebuild from the stored state so errors survive
+        # pickling (Ray ships exceptions raised inside actors back to the caller this way).
+        return (_rebuild, (type(self), self.__dict__.copy()))
+
     def __str__(self) -> str:
         text = self.message.rstrip(".") + "."
         if self.fix:
             text += " To fix: " + self.fix.rstrip(".") + "."
         return text
+
+
+def _rebuild(cls: type[RollplanError], state: dict[str, Any]) -> RollplanError:
+    err = cls.__new__(cls)
+    err.__dict__.update(state)
+    Exception.__init__(err, str(err))
+    return err
 
 
 class UserInputError(RollplanError):

@@ -1,0 +1,170 @@
+"""Executor configuration: one frozen dataclass for the engines, one for the executor.
+
+CPU defaults follow ../shared/notes/REAL_ENGINES_ON_CPU.md (float32, in-process engine core, eager mode,
+64 MiB of KV cache, no OMP core binding). ``EngineConfig.engine_kwargs()`` turns the config into vLLM
+``AsyncEngineArgs`` keyword arguments; ``EngineConfig.env()`` the environment an engine process needs
+before ``import vllm``. Nothing here imports vLLM or Ray.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollplan.models.perf import PerfProvider
+
+WORKER_EXTENSION = "rollplan.executor.worker_ext.WeightSyncExtension"
+
+
+@dataclass(frozen=True, slots=True)
+class KVConnectorConfig:
+    """How KV moves between engines (prefill -> decode, migrations).
+
+    ``kind``: "example" (vLLM's file-based ``ExampleConnector``; ``storage_path`` is the shared folder every
+    engine reads and writes; works on CPU), "nixl" (``NixlConnector``; needs the nixl wheel) or "none"
+    (every move re-prefills). All engines use ``kv_role="kv_both"``, so a role switch is only routing.
+    ``storage_path`` None: the executor makes a private temporary folder and deletes it at shutdown. A
+    given folder must be private to one executor and one model: entries are keyed by token ids only.
+    """
+
+    kind: str = "example"
+    storage_path: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind != "none"
+
+    def vllm_kwargs(self) -> dict[str, Any] | None:
+        """``KVTransferConfig`` keyword arguments, or None when no connector is configured."""
+        if self.kind == "none":
+            return None
+        if self.kind == "example":
+            if self.storage_path is None:
+                raise ValueError("the example KV connector needs a storage_path (the executor sets one)")
+            extra = {"shared_storage_path": self.storage_path, **self.extra}
+            return {
+                "kv_connector": "ExampleConnector",
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": extra,
+            }
+        if self.kind == "nixl":
+            return {
+                "kv_connector": "NixlConnector",
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": dict(self.extra),
+            }
+        raise ValueError(f"unknown KV connector kind {self.kind!r} (use example, nixl or none)")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Settings of every vLLM engine the executor starts.
+
+    ``model``: a local model folder (or hub name on machines with access). ``kv_cache_memory_bytes``: KV
+    cache per engine (CPU: set this, ``VLLM_CPU_KVCACHE_SPACE`` takes whole GiB only). ``block_size``: KV
+    block tokens; 32 on CPU so prefix caching and the file connector work on short contexts (vLLM's CPU
+    default is 128). ``sleep_mode``: ask vLLM for sleep mode where the platform supports it (CUDA/ROCm);
+    on CPU the executor's SLEEPING state only stops routing to the engine (weights stay in memory).
+    ``cpu_threads``: torch threads per engine process (None: leave torch's default); several engines
+    share the CPU cores, so 1 avoids oversubscription. ``env``: extra environment for engine processes.
+    """
+
+    model: str
+    dtype: str = "float32"
+    max_model_len: int = 512
+    enforce_eager: bool = True
+    kv_cache_memory_bytes: int | None = 64 << 20
+    gpu_memory_utilization: float = 0.9
+    block_size: int | None = 32
+    tensor_parallel_size: int = 1
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    sleep_mode: bool = False
+    connector: KVConnectorConfig = KVConnectorConfig()
+    cpu_threads: int | None = 1
+    max_num_seqs: int = 128
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def env_vars(self) -> dict[str, str]:
+        """Environment an engine process sets before importing vLLM."""
+        base = {
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_LOGGING_LEVEL": "WARNING",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+        if self.cpu_threads is not None:
+            base["OMP_NUM_THREADS"] = str(self.cpu_threads)
+        base.update(self.env)
+        return base
+
+    def engine_kwargs(self, *, sleep_mode_available: bool) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.AsyncEngineArgs`` (the KV connector as a plain dict)."""
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "dtype": self.dtype,
+            "max_model_len": self.max_model_len,
+            "enforce_eager": self.enforce_eager,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "seed": self.seed,
+            "max_num_seqs": self.max_num_seqs,
+            "worker_extension_cls": WORKER_EXTENSION,
+            "disable_log_stats": True,
+            "enable_sleep_mode": self.sleep_mode and sleep_mode_available,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+        }
+        if self.kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+        if self.block_size is not None:
+            kwargs["block_size"] = self.block_size
+        kv = self.connector.vllm_kwargs()
+        if kv is not None:
+            kwargs["kv_transfer_config"] = kv
+        return kwargs
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorConfig:
+    """Settings of a ``RolloutExecutor``.
+
+    ``slot_resource``: the Ray custom resource that marks one slot (one engine's GPUs) on a node; every
+    alive node carrying it contributes ``int(amount)`` slots of kind ``gpu_kind``. ``lend_resource``: the
+    resource that marks slots training can lend (used only between ``lend`` and ``reclaim``).
+    ``poll_interval``: seconds between Ray membership polls. ``replan_interval``: seconds between
+    periodic re-plans while trajectories run (stragglers). ``planner_backend``/``planner_time_limit``: passed
+    to ``PlannerConfig``. ``perf``: PerfProvider for the planner; None = the roofline model of
+    ``model_name`` on ``gpu_kind`` with the measured CPU switching costs below. ``clock``: wall clock for
+    snapshot times and deadlines (absolute seconds, same clock as ``lend(until=...)``).
+    ``drain_margin``: seconds before a deadline at which the executor forces a slot empty regardless of the
+    plan. ``max_replans_per_event``: bound on chained re-plans after failed actions.
+    """
+
+    engine: EngineConfig
+    slot_resource: str = "rollplan_slot"
+    lend_resource: str = "rollplan_lent_slot"
+    gpu_kind: str = "cpu"
+    model_name: str = "tiny"
+    poll_interval: float = 0.5
+    replan_interval: float = 5.0
+    planner_backend: str = "milp"
+    planner_time_limit: float = 1.0
+    switch_weight: float = 0.01
+    perf: PerfProvider | None = None
+    calibration: str | None = None
+    # Measured on the 2-core CI machine (rollplan bench executor, docs/executor.md); used by the default
+    # perf model (``perf=None``) and passed to the planner as its role-switch time.
+    engine_start_seconds: float = 35.0
+    wake_seconds: float = 0.004
+    weight_sync_seconds: float = 0.1
+    role_switch_seconds: float = 0.01
+    drain_margin: float = 1.0
+    max_replans_per_event: int = 3
+    prediction_prior_tokens: float = 64.0
+    clock: Callable[[], float] = time.time

@@ -1,0 +1,802 @@
+"""The controller: a live ``ClusterSnapshot``, ``plan()`` on every availability event, actions applied.
+
+It owns the slots (``SlotRuntime``) and the running trajectories (``TrajectoryRun``) and is the agent
+loop's ``Router``. On every event (slots arriving or leaving, a preemption notice, training lending or
+reclaiming slots, an engine failure) and every ``replan_interval`` seconds while trajectories run, it
+builds a snapshot, calls the planner (``rollplan.solver.plan``, in a worker thread so the event loop
+keeps serving), and applies the plan's actions kind by kind in ``ACTION_ORDER``; actions of one kind run
+concurrently and every failure is collected into one ``ActionFailures``, which triggers a re-plan (a
+bounded number of times) instead of a crash.
+
+Action semantics here (all engines are ``kv_both``, so roles are routing):
+- start_engine: spawn an ``EngineActor`` on the slot's node and start it in the background (it loads the
+  newest weights); trajectories placed there wait until it serves.
+- wake / sleep: the engine's sleep mode (vLLM sleep where available; on CPU "not routed").
+- sync_weights: bring the slot's engine to the newest weights version.
+- switch_role: routing only: PREFILL slots serve other slots' prefills, DECODE slots take prefilled KV
+  through the connector, MIXED slots do both.
+- migrate_kv / migrate_reprefill: abort the trajectory's request on the source; it resumes on the target
+  with its context plus the tokens made so far. KV mode first re-stores the context's KV from the source
+  through the connector, so the target loads instead of recomputing.
+- stop_engine / return_slot: stop the engine; a returned slot is never used again. Every slot with a
+  deadline also has a watchdog that empties and returns it by ``deadline - drain_margin`` whatever the
+  plans say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollplan.executor.agent import Route, TrajectoryResult, TrajectoryRun, TurnRecord
+from rollplan.executor.config import ExecutorConfig
+from rollplan.executor.pool import EngineHandle, SlotRuntime
+from rollplan.executor.prediction import GroupPredictor, Progress, Totals
+from rollplan.models import (
+    ACTION_ORDER,
+    Action,
+    ActionFailures,
+    ActionKind,
+    ClusterSnapshot,
+    Phase,
+    Plan,
+    Role,
+    Slot,
+    SolveStatus,
+    Trajectory,
+)
+
+log = logging.getLogger(__name__)
+
+PlanFn = Callable[..., Plan]
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """One applied action: its kind, slot, how long applying it took, and its error if it failed."""
+
+    kind: str
+    slot: str
+    seconds: float
+    ok: bool
+    error: str | None = None
+    trajectory: str | None = None
+    at: float = 0.0
+
+
+@dataclass(slots=True)
+class ControllerStats:
+    replans: int = 0
+    plan_seconds: list[float] = field(default_factory=list)
+    plan_status: Counter = field(default_factory=Counter)
+    planner_errors: list[str] = field(default_factory=list)
+    actions: list[ActionRecord] = field(default_factory=list)
+    events: list[tuple[float, str, tuple[str, ...]]] = field(default_factory=list)
+    engine_starts: list[float] = field(default_factory=list)
+    returns: dict[str, float] = field(default_factory=dict)  # slot -> seconds before (+) / after (-) deadline
+
+    def actions_by_kind(self) -> dict[str, dict[str, float]]:
+        by: dict[str, list[ActionRecord]] = defaultdict(list)
+        for a in self.actions:
+            by[a.kind].append(a)
+        return {
+            k: {
+                "count": len(v),
+                "failed": sum(1 for a in v if not a.ok),
+                "mean_seconds": sum(a.seconds for a in v) / len(v),
+            }
+            for k, v in sorted(by.items())
+        }
+
+
+def default_plan_fn() -> PlanFn | None:
+    """``rollplan.solver.plan`` when the planner is installed, else None (the fallback policy runs)."""
+    try:
+        from rollplan.solver import plan
+    except ImportError:
+        return None
+    return plan
+
+
+class Controller:
+    """See the module docstring. Runs inside the caller's event loop; ``start()`` launches its tasks."""
+
+    def __init__(
+        self,
+        config: ExecutorConfig,
+        *,
+        plan_fn: PlanFn | None = None,
+        planner_config: Any = None,
+        weights_source: Callable[[], tuple[Any, str | None, int]] | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = config.clock
+        self.slots: dict[str, SlotRuntime] = {}
+        self.runs: dict[str, TrajectoryRun] = {}
+        self.predictor = GroupPredictor(prior_fraction=0.5)
+        self.previous: Plan | None = None
+        self.stats = ControllerStats()
+        self.autoplan = True
+        self._plan_fn = plan_fn if plan_fn is not None else default_plan_fn()
+        self._planner_config = planner_config
+        self._weights_source = weights_source or (lambda: (None, None, 0))
+        self._wake = asyncio.Event()
+        self._reasons: list[str] = []
+        self._route_changed = asyncio.Event()
+        self._plan_lock = asyncio.Lock()
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._tasks: list[asyncio.Task] = []
+        self._closed = False
+        self._weights_version = 0
+        self._migrations: dict[str, asyncio.Future] = {}
+
+    # == lifecycle ==========================================================================================
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._planning_loop(), name="rollplan-planning"))
+
+    async def close(self) -> None:
+        """Stop planning and every engine this controller started."""
+        self._closed = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        self._tasks.clear()
+        for s in self.slots.values():
+            if s.watchdog is not None:
+                s.watchdog.cancel()
+        await asyncio.gather(
+            *(s.engine.stop() for s in self.slots.values() if s.engine is not None and s.engine.alive),
+            return_exceptions=True,
+        )
+
+    # == router (agent loop side) ===========================================================================
+    def weights_gate(self) -> asyncio.Event:
+        return self._gate
+
+    def _notify_routing(self) -> None:
+        ev, self._route_changed = self._route_changed, asyncio.Event()
+        ev.set()
+
+    def request_replan(self, reason: str) -> None:
+        self._reasons.append(reason)
+        self._wake.set()
+
+    def _decode_slot_ok(self, slot_id: str | None) -> SlotRuntime | None:
+        s = self.slots.get(slot_id) if slot_id is not None else None
+        if s is None or not s.serving:
+            return None
+        if s.return_by is not None and self.clock() >= s.return_by - self.config.drain_margin:
+            return None  # about to be returned: its watchdog is emptying it
+        return s
+
+    def _prefill_slot(self) -> SlotRuntime | None:
+        cands = [s for s in self.slots.values() if s.role is Role.PREFILL and s.serving]
+        if not cands:
+            return None
+        load = Counter(r.request_slot for r in self.runs.values() if r.request_slot)
+        return min(cands, key=lambda s: (load[s.id], s.id))
+
+    async def route(self, run: TrajectoryRun) -> Route:
+        """Where ``run`` generates next: its placement once that slot serves in a decoding role. Waits
+        (and asks for a re-plan) while it has no usable placement."""
+        waited = 0.0
+        while True:
+            s = self._decode_slot_ok(run.placement)
+            if s is not None and (s.role.decodes or s.role is Role.PREFILL):
+                pre = self._prefill_slot() if s.role is Role.DECODE else None
+                exp = None
+                if run.kv_move and run.home not in (None, s.id) and self.config.engine.connector.enabled:
+                    src = self.slots.get(run.home)
+                    if src is not None and src.engine is not None and src.engine.serving:
+                        exp = src
+                return Route(
+                    slot=s.id,
+                    engine=s.engine.actor,  # type: ignore[union-attr]
+                    prefill_slot=pre.id if pre else None,
+                    prefill_engine=pre.engine.actor if pre and pre.engine else None,
+                    export_from=exp.id if exp else None,
+                    export_engine=exp.engine.actor if exp and exp.engine else None,
+                )
+            ev = self._route_changed
+            target = self.slots.get(run.placement) if run.placement is not None else None
+            if target is None or not target.usable:
+                self.request_replan(f"unplaced {run.id}")
+            t0 = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ev.wait(), timeout=max(self.config.replan_interval, 0.5))
+            waited += time.monotonic() - t0
+            if waited > self.config.replan_interval and not (target is not None and target.starting):
+                # Placed on a slot that cannot serve and is not about to (sleeping, stopped, role OFF).
+                waited = 0.0
+                self.request_replan(f"waiting {run.id}")
+
+    def engine_failed(self, slot: str, exc: BaseException) -> None:
+        s = self.slots.get(slot)
+        if s is not None and s.engine is not None and s.engine.alive:
+            log.warning("engine on slot %s lost: %s", slot, type(exc).__name__)
+            s.engine.mark_dead(exc)
+            self._engine_gone(s)
+        self.request_replan(f"engine lost {slot}")
+
+    def _engine_gone(self, s: SlotRuntime) -> None:
+        s.role = Role.OFF
+        for r in self.runs.values():
+            if r.home == s.id:
+                r.home = None  # its KV is gone
+        self._notify_routing()
+
+    def attempt_started(self, run: TrajectoryRun, slot: str) -> None:
+        """The loop is about to generate on ``slot`` (after any KV export): a pending migration is done."""
+        fut = self._migrations.pop(run.id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(slot)
+
+    def turn_finished(self, run: TrajectoryRun, record: TurnRecord) -> None:
+        pass
+
+    def trajectory_finished(self, run: TrajectoryRun, result: TrajectoryResult) -> None:
+        if result.status != "failed":
+            self.predictor.observe(
+                run.group,
+                Totals(
+                    decode_tokens=float(result.generated_tokens),
+                    prefill_tokens=float(run.observation_tokens),
+                    tool_seconds=run.tool_seconds,
+                    turns=float(len(result.turns)),
+                ),
+            )
+        fut = self._migrations.pop(run.id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+        self._notify_routing()
+
+    # == snapshot ===========================================================================================
+    def snapshot(self) -> ClusterSnapshot:
+        """The planner's view now: usable slots and every trajectory of the current batch."""
+        now = self.clock()
+        slots = []
+        for s in self.slots.values():
+            if not s.usable:
+                continue
+            state = s.engine_state
+            slots.append(
+                Slot(
+                    id=s.id,
+                    gpu=s.gpu,
+                    node=s.node,
+                    tp=s.tp,
+                    source=s.source,
+                    return_by=s.return_by,
+                    role=s.role if state.value != "none" else Role.OFF,
+                    engine=state,
+                    weights_version=s.weights_version,
+                )
+            )
+        usable = {s.id for s in slots}
+        trajs = []
+        for r in self.runs.values():
+            home = r.home if r.home in usable else None
+            if r.phase is Phase.DONE:
+                trajs.append(Trajectory(r.id, r.group, Phase.DONE, len(r.context), slot=home))
+                continue
+            p = self.predictor.predict(
+                Progress(
+                    group=r.group,
+                    decode_tokens=r.generated,
+                    prefill_tokens=r.observation_tokens,
+                    tool_seconds=r.tool_seconds,
+                    turns_done=r.turn,
+                    max_turns=r.item.max_turns,
+                    max_tokens_per_turn=r.item.sampling.max_tokens,
+                    in_turn_tokens=len(r.partial),
+                )
+            )
+            trajs.append(
+                Trajectory(
+                    id=r.id,
+                    group=r.group,
+                    phase=r.phase,
+                    context_tokens=len(r.context) + len(r.partial),
+                    slot=home,
+                    remaining_decode_tokens=p.decode,
+                    remaining_prefill_tokens=p.prefill,
+                    remaining_tool_seconds=p.tool,
+                    remaining_turns=p.turns,
+                    tool_until=r.tool_until,
+                )
+            )
+        return ClusterSnapshot(
+            time=now,
+            model=self.config.model_name,
+            slots=tuple(slots),
+            trajectories=tuple(trajs),
+            weights_version=self._weights_version,
+        )
+
+    # == planning ===========================================================================================
+    async def _planning_loop(self) -> None:
+        while not self._closed:
+            active = any(r.phase is not Phase.DONE for r in self.runs.values())
+            timeout = self.config.replan_interval if active else None
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            except TimeoutError:
+                self._reasons.append("interval")
+            self._wake.clear()
+            reasons, self._reasons = self._reasons, []
+            if not self.autoplan:
+                continue
+            try:
+                await self.replan(", ".join(dict.fromkeys(reasons)) or "event")
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let the loop die: log and wait for the next event
+                log.exception("re-plan failed")
+
+    async def replan(self, reason: str = "manual") -> Plan:
+        """Snapshot -> plan -> apply; failed actions trigger up to ``max_replans_per_event`` re-plans."""
+        plan = None
+        for attempt in range(self.config.max_replans_per_event + 1):
+            async with self._plan_lock:
+                snap = self.snapshot()
+                plan = await self._plan(snap)
+                try:
+                    await self.apply(plan)
+                    return plan
+                except ActionFailures as exc:
+                    log.warning("re-plan %d after failed actions (%s): %s", attempt + 1, reason, exc)
+                    reason = "failed actions"
+        assert plan is not None
+        return plan
+
+    async def _plan(self, snap: ClusterSnapshot) -> Plan:
+        t = time.perf_counter()
+        plan = None
+        if self._plan_fn is not None:
+            try:
+                plan = await asyncio.to_thread(
+                    self._plan_fn, snap, previous=self.previous, config=self._planner_config
+                )
+            except Exception as exc:
+                log.warning("planner failed, using the fallback policy: %s", exc)
+                self.stats.planner_errors.append(f"{type(exc).__name__}: {exc}")
+        if plan is None:
+            plan = fallback_plan(snap, self.slots)
+        self.stats.replans += 1
+        self.stats.plan_seconds.append(time.perf_counter() - t)
+        self.stats.plan_status[plan.status.value] += 1
+        self.previous = plan
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "plan %s (%s, %.2fs): roles %s, placement %s, actions %s",
+                self.stats.replans,
+                plan.status.value,
+                time.perf_counter() - t,
+                {k: v.value for k, v in plan.roles.items()},
+                dict(Counter(plan.placement.values())),
+                [f"{a.kind.value}:{a.slot}" for a in plan.actions],
+            )
+        return plan
+
+    # == applying ===========================================================================================
+    async def apply(self, plan: Plan) -> None:
+        """Apply ``plan``: placements of trajectories without KV, then actions kind by kind."""
+        for tid, slot in plan.placement.items():
+            r = self.runs.get(tid)
+            if r is None or r.phase is Phase.DONE:
+                continue
+            if r.home is None or r.home == slot or r.home not in self.slots or not self.slots[r.home].usable:
+                r.placement = slot
+        self._notify_routing()
+        await self.apply_actions(plan.actions)
+
+    async def apply_actions(self, actions: Sequence[Action]) -> None:
+        """Apply ``actions`` in ``ACTION_ORDER`` (concurrently within a kind). Raises ``ActionFailures``
+        listing every failed action after all were tried."""
+        by_kind: dict[ActionKind, list[Action]] = defaultdict(list)
+        for a in actions:
+            by_kind[a.kind].append(a)
+        failures: list[tuple[str, BaseException]] = []
+        for kind in ACTION_ORDER:
+            batch = by_kind.get(kind, [])
+            if not batch:
+                continue
+            results = await asyncio.gather(*(self._timed(a) for a in batch), return_exceptions=True)
+            for a, res in zip(batch, results, strict=True):
+                if isinstance(res, BaseException):
+                    failures.append(
+                        (f"{a.kind.value}({a.slot}{'/' + a.trajectory if a.trajectory else ''})", res)
+                    )
+        self._notify_routing()
+        if failures:
+            raise ActionFailures(failures)
+
+    async def _timed(self, a: Action) -> None:
+        t = time.perf_counter()
+        try:
+            noop = await self._apply_one(a)
+        except BaseException as exc:
+            self.stats.actions.append(
+                ActionRecord(
+                    a.kind.value,
+                    a.slot,
+                    time.perf_counter() - t,
+                    False,
+                    f"{type(exc).__name__}: {exc}",
+                    a.trajectory,
+                    self.clock(),
+                )
+            )
+            raise
+        if noop is not True:
+            self.stats.actions.append(
+                ActionRecord(
+                    a.kind.value, a.slot, time.perf_counter() - t, True, None, a.trajectory, self.clock()
+                )
+            )
+
+    async def _apply_one(self, a: Action) -> bool | None:
+        """Apply one action; True when it was a no-op (e.g. starting an engine that is already starting)."""
+        s = self.slots.get(a.slot)
+        if s is None or not s.usable:
+            if a.kind in (ActionKind.STOP_ENGINE, ActionKind.RETURN_SLOT, ActionKind.SLEEP_ENGINE):
+                return  # already gone: nothing to release
+            if a.kind in (ActionKind.MIGRATE_KV, ActionKind.MIGRATE_REPREFILL) and a.trajectory and a.target:
+                await self.migrate(a.trajectory, a.target, kv=False)
+                return
+            raise KeyError(f"slot {a.slot!r} is not available")
+        k = a.kind
+        if k is ActionKind.START_ENGINE:
+            if s.engine is not None and s.engine.alive and s.engine.state.value != "sleeping":
+                return True
+            self.start_engine(s)
+        elif k is ActionKind.WAKE_ENGINE:
+            if s.engine is not None and s.engine.state.value == "sleeping":
+                await s.engine.wake()
+        elif k is ActionKind.SLEEP_ENGINE:
+            if s.engine is not None and s.engine.serving and not self._has_work(s.id):
+                await s.engine.sleep()
+                s.role = Role.OFF
+        elif k is ActionKind.SYNC_WEIGHTS:
+            await self.sync_slot(s)
+        elif k is ActionKind.SWITCH_ROLE:
+            s.role = a.role or Role.MIXED
+            self._notify_routing()
+        elif k in (ActionKind.MIGRATE_KV, ActionKind.MIGRATE_REPREFILL):
+            assert a.trajectory is not None and a.target is not None
+            await self.migrate(a.trajectory, a.target, kv=k is ActionKind.MIGRATE_KV)
+        elif k is ActionKind.STOP_ENGINE:
+            await self.empty_slot(s, deadline=a.deadline if a.deadline is not None else s.return_by)
+            if s.engine is not None and s.engine.alive:
+                await s.engine.stop()
+            s.role = Role.OFF
+        elif k is ActionKind.RETURN_SLOT:
+            await self.return_slot(s)
+
+    # -- engines -----------------------------------------------------------------------------------------
+    def start_engine(self, s: SlotRuntime) -> EngineHandle:
+        """Spawn and start an engine on ``s`` in the background (idempotent while one is alive)."""
+        if s.engine is not None and s.engine.alive:
+            if s.engine.state.value == "sleeping":
+                s.engine.task = asyncio.create_task(s.engine.wake())
+            return s.engine
+        handle = EngineHandle.spawn(s.id, s.node, s.resource, self.config.engine)
+        s.engine = handle
+        handle.task = asyncio.create_task(self._start(s, handle), name=f"start-{s.id}")
+        return handle
+
+    async def _start(self, s: SlotRuntime, handle: EngineHandle) -> None:
+        weights, path, version = self._weights_source()
+        try:
+            seconds = await handle.start(weights, path, version)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("engine start on %s failed: %s", s.id, exc)
+            self.stats.actions.append(
+                ActionRecord(
+                    "engine_ready",
+                    s.id,
+                    time.perf_counter() - handle.created,
+                    False,
+                    str(exc),
+                    None,
+                    self.clock(),
+                )
+            )
+            if s.engine is handle:
+                self._engine_gone(s)
+            self.request_replan(f"start failed {s.id}")
+            return
+        self.stats.engine_starts.append(seconds)
+        self.stats.actions.append(ActionRecord("engine_ready", s.id, seconds, True, None, None, self.clock()))
+        if s.role is Role.OFF:
+            s.role = Role.MIXED
+        if handle.version < self._weights_version:  # an update arrived while it was loading
+            await self.sync_slot(s)
+        self._notify_routing()
+
+    async def sync_slot(self, s: SlotRuntime) -> None:
+        """Bring ``s``'s engine to the newest weights (no-op when current or not started)."""
+        e = s.engine
+        if e is None or not e.alive or e.version >= self._weights_version:
+            return
+        if not e.ready.is_set():
+            return  # still loading: the start task syncs it when ready
+        weights, path, version = self._weights_source()
+        await e.actor.update_weights.remote(weights, path, version)
+        e.version = version
+
+    def _has_work(self, slot: str) -> bool:
+        return any(
+            r.phase is not Phase.DONE and (r.placement == slot or r.request_slot == slot)
+            for r in self.runs.values()
+        )
+
+    # -- migration ---------------------------------------------------------------------------------------
+    async def migrate(self, traj: str, target: str, *, kv: bool, timeout: float = 10.0) -> None:
+        """Move ``traj`` to ``target``: abort its request on the source (it resumes on the target with its
+        context plus the tokens so far), carrying KV through the connector when ``kv``. Returns when it
+        left the source (its next request was routed to the target, or it finished)."""
+        r = self.runs.get(traj)
+        if r is None or r.phase is Phase.DONE:
+            return
+        tgt = self.slots.get(target)
+        if tgt is None or not tgt.usable:
+            raise KeyError(f"migration target {target!r} is not available")
+        source = r.request_slot or r.home
+        r.placement = target
+        r.kv_move = kv
+        if source == target:
+            return
+        src = self.slots.get(source) if source else None
+        if r.request_slot is not None and src is not None and src.engine is not None and src.engine.alive:
+            fut: asyncio.Future = asyncio.get_running_loop().create_future()
+            self._migrations[traj] = fut
+            rid = r.request_id
+            self._notify_routing()
+            with contextlib.suppress(Exception):
+                await src.engine.actor.abort.remote([rid])
+            if tgt.serving:  # otherwise it waits for the target's engine: the move itself is done
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(fut), timeout=timeout)
+            return
+        # Not generating right now (in a tool call, or waiting): move its KV now if asked, so the source can go.
+        if (
+            kv
+            and src is not None
+            and src.engine is not None
+            and src.engine.serving
+            and self.config.engine.connector.enabled
+        ):
+            ctx = r.context + r.partial
+            with contextlib.suppress(Exception):
+                await src.engine.actor.generate.remote(
+                    f"{traj}:export:{time.monotonic_ns()}", ctx, {"max_tokens": 1}
+                )
+            r.kv_move = False
+        r.home = None if r.home == source else r.home
+        self._notify_routing()
+
+    async def empty_slot(self, s: SlotRuntime, *, deadline: float | None = None) -> None:
+        """Move every trajectory placed or running on ``s`` to other slots (KV when its engine serves).
+        With a ``deadline``, waits for the moves at most until shortly before it."""
+        movers = [
+            r
+            for r in self.runs.values()
+            if r.phase is not Phase.DONE and s.id in (r.placement, r.request_slot, r.home)
+        ]
+        if not movers:
+            return
+        others = [
+            o
+            for o in self.slots.values()
+            if o.id != s.id and o.usable and o.role.decodes and o.return_by is None
+        ]
+        if not others:
+            others = [
+                o
+                for o in self.slots.values()
+                if o.id != s.id and o.usable and o.engine is not None and o.engine.alive
+            ]
+        if not others:
+            log.warning(
+                "slot %s must be emptied but no other slot can take its %d trajectories", s.id, len(movers)
+            )
+            for r in movers:
+                if r.placement == s.id:
+                    r.placement = None
+            return
+        load = Counter(r.placement for r in self.runs.values() if r.phase is not Phase.DONE)
+        kv = s.engine is not None and s.engine.serving
+        wait = 5.0 if deadline is None else max(0.05, min(5.0, (deadline - self.clock()) / 2))
+        jobs = []
+        for r in movers:
+            dest = min(others, key=lambda o: (not o.serving, load[o.id], o.id))
+            load[dest.id] += 1
+            jobs.append(self.migrate(r.id, dest.id, kv=kv, timeout=wait))
+        await asyncio.gather(*jobs, return_exceptions=True)
+
+    # -- slots -------------------------------------------------------------------------------------------
+    async def return_slot(self, s: SlotRuntime) -> None:
+        """Empty ``s``, stop its engine and mark it returned (never used again)."""
+        if s.returned:
+            return
+        await self.empty_slot(s, deadline=s.return_by)
+        if s.engine is not None and s.engine.alive:
+            await s.engine.stop()
+        s.returned = True
+        s.role = Role.OFF
+        if s.return_by is not None:
+            self.stats.returns[s.id] = s.return_by - self.clock()
+        s.returned_event.set()
+        if s.watchdog is not None and s.watchdog is not asyncio.current_task():
+            s.watchdog.cancel()
+        self.stats.events.append((self.clock(), "returned", (s.id,)))
+        self._notify_routing()
+
+    def set_deadline(self, s: SlotRuntime, deadline: float) -> None:
+        """Give ``s`` a return deadline (the earliest wins) and arm its watchdog."""
+        s.return_by = deadline if s.return_by is None else min(s.return_by, deadline)
+        if s.watchdog is not None:
+            s.watchdog.cancel()
+        s.watchdog = asyncio.create_task(self._watchdog(s), name=f"deadline-{s.id}")
+
+    async def _watchdog(self, s: SlotRuntime) -> None:
+        assert s.return_by is not None
+        delay = s.return_by - self.config.drain_margin - self.clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if s.returned or s.lost:
+            return
+        log.info("deadline of slot %s: forcing it empty", s.id)
+        self.stats.events.append((self.clock(), "forced-return", (s.id,)))
+        await self.return_slot(s)
+        self.request_replan(f"returned {s.id}")
+
+    def add_slot(self, s: SlotRuntime) -> None:
+        self.slots[s.id] = s
+        self.stats.events.append((self.clock(), "arrive", (s.id,)))
+
+    def lose_slot(self, slot_id: str) -> None:
+        """The slot's node vanished (no notice): its engine and any KV on it are gone."""
+        s = self.slots.get(slot_id)
+        if s is None or s.lost:
+            return
+        s.lost = True
+        if s.engine is not None:
+            s.engine.mark_dead(None)
+        self._engine_gone(s)
+        for r in self.runs.values():
+            if r.placement == slot_id:
+                r.placement = None
+        if s.watchdog is not None:
+            s.watchdog.cancel()
+        s.returned_event.set()
+        self.stats.events.append((self.clock(), "leave", (slot_id,)))
+
+    # -- weights -----------------------------------------------------------------------------------------
+    async def update_weights(self, version: int) -> list[float]:
+        """Install ``version`` (from ``weights_source``) on every started engine, in place: new requests
+        wait at the gate, engines pause (in-flight requests keep their place), reload, the shared KV store
+        is cleared (its KV is from the old weights), prefix caches reset (running requests recompute their
+        KV with the new weights), engines resume. Returns each engine's reload seconds."""
+        weights, path, _ = self._weights_source()
+        self._weights_version = version
+        engines = [
+            s.engine
+            for s in self.slots.values()
+            if s.usable and s.engine is not None and s.engine.ready.is_set() and s.engine.alive
+        ]
+        self._gate.clear()
+        try:
+            await asyncio.gather(*(e.actor.pause.remote() for e in engines), return_exceptions=True)
+            res = await asyncio.gather(
+                *(e.actor.reload_weights.remote(weights, path, version) for e in engines),
+                return_exceptions=True,
+            )
+            clear_kv_store(self.config.engine.connector)
+            await asyncio.gather(*(e.actor.reset_cache.remote() for e in engines), return_exceptions=True)
+            await asyncio.gather(*(e.actor.resume.remote() for e in engines), return_exceptions=True)
+        finally:
+            self._gate.set()
+        out = []
+        failures = []
+        for e, r in zip(engines, res, strict=True):
+            if isinstance(r, BaseException):
+                failures.append((f"sync_weights({e.slot})", r))
+            else:
+                e.version = version
+                out.append(float(r))
+                self.stats.actions.append(
+                    ActionRecord("sync_weights", e.slot, float(r), True, None, None, self.clock())
+                )
+        if failures:
+            self.request_replan("weight sync failed")
+            raise ActionFailures(failures)
+        return out
+
+
+def clear_kv_store(connector: Any) -> None:
+    """Delete the file connector's stored KV (stale after a weight update)."""
+    import shutil
+    from pathlib import Path
+
+    if connector.kind != "example":
+        return
+    root = Path(connector.storage_path)
+    if not root.is_dir():
+        return
+    for child in root.iterdir():
+        if child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                child.unlink()
+
+
+def fallback_plan(snap: ClusterSnapshot, slots: dict[str, SlotRuntime] | None = None) -> Plan:
+    """The executor's own policy when no planner is available (or it failed): every slot without a
+    deadline serves MIXED (engines started / woken / synced as needed); trajectories keep their slot or
+    go to the least loaded one; slots with a deadline are emptied (KV migration) and returned."""
+    keep = [s for s in snap.slots if s.return_by is None]
+    roles: dict[str, Role] = {}
+    actions: list[Action] = []
+    for s in snap.slots:
+        if s.return_by is None:
+            roles[s.id] = Role.MIXED
+            if s.engine.value == "none":
+                actions.append(Action(ActionKind.START_ENGINE, s.id))
+            elif s.engine.value == "sleeping":
+                actions.append(Action(ActionKind.WAKE_ENGINE, s.id))
+            if s.weights_version < snap.weights_version and s.engine.value != "none":
+                actions.append(Action(ActionKind.SYNC_WEIGHTS, s.id))
+            if s.role is not Role.MIXED:
+                actions.append(Action(ActionKind.SWITCH_ROLE, s.id, role=Role.MIXED))
+        else:
+            roles[s.id] = Role.OFF
+    placement: dict[str, str] = {}
+    load: Counter = Counter()
+    keep_ids = {s.id for s in keep}
+    unfinished = sorted(snap.unfinished, key=lambda t: -t.remaining_decode_tokens.mean)
+    for t in unfinished:
+        if t.slot in keep_ids:
+            placement[t.id] = t.slot  # type: ignore[assignment]
+            load[t.slot] += 1
+    for t in unfinished:
+        if t.id in placement or not keep:
+            continue
+        dest = min(keep, key=lambda s: (load[s.id], s.id)).id
+        placement[t.id] = dest
+        load[dest] += 1
+        if t.slot is not None and t.slot != dest:
+            actions.append(Action(ActionKind.MIGRATE_KV, t.slot, trajectory=t.id, target=dest))
+    for s in snap.slots:
+        if s.return_by is not None:
+            if s.engine.value != "none":
+                actions.append(Action(ActionKind.STOP_ENGINE, s.id, deadline=s.return_by))
+            actions.append(Action(ActionKind.RETURN_SLOT, s.id, deadline=s.return_by))
+    order = {k: i for i, k in enumerate(ACTION_ORDER)}
+    actions.sort(key=lambda a: order[a.kind])
+    return Plan(
+        time=snap.time,
+        roles=roles,
+        placement=placement,
+        actions=tuple(actions),
+        makespan=0.0,
+        switching_cost=0.0,
+        lower_bound=0.0,
+        objective=0.0,
+        terms=(),
+        status=SolveStatus.FALLBACK,
+        backend="executor-fallback",
+    )

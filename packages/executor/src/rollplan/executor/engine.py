@@ -1,0 +1,321 @@
+"""``EngineActor``: one Ray actor per slot that owns one vLLM ``AsyncLLM`` engine.
+
+The actor is an async Ray actor (``num_cpus=0``, one unit of the slot resource, pinned to the slot's
+node); all its methods run on one event loop, so state changes between awaits are atomic. Lifecycle:
+see ``rollplan.executor.lifecycle``. Only SERVING admits new requests; a request sent to an engine that
+is not SERVING comes back with ``finish_reason == "unavailable"`` (the caller re-routes) instead of an
+exception, because that is routine while roles and placements change.
+
+Everything engine-specific is vLLM's: generation and abort (``AsyncLLM.generate``/``abort``), weight
+sync (``collective_rpc`` into ``WeightSyncExtension`` -> ``reload_weights``, then
+``reset_prefix_cache``), pause/resume around the sync, sleep/wake where the platform supports sleep
+mode. On CPU vLLM has no sleep mode: SLEEPING then only means "not routed" and the weights stay
+resident; ``info()["sleep_mode"]`` says which one is in effect.
+
+Results cross the Ray boundary as plain dicts (see ``GenerateResult`` in ``rollplan.executor.agent``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any
+
+from rollplan.executor.config import EngineConfig
+from rollplan.executor.lifecycle import EngineStatus, Lifecycle
+
+log = logging.getLogger(__name__)
+
+
+def sampling_params(params: dict[str, Any], *, delta: bool = False) -> Any:
+    """vLLM ``SamplingParams`` from the plain dict the driver sends.
+
+    Keys: max_tokens, temperature (0 = greedy), top_p, seed, logprobs (bool: return the sampled token's
+    logprob), ignore_eos, stop_token_ids.
+    """
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=int(params.get("max_tokens", 16)),
+        temperature=float(params.get("temperature", 0.0)),
+        top_p=float(params.get("top_p", 1.0)),
+        seed=params.get("seed"),
+        logprobs=0 if params.get("logprobs") else None,
+        ignore_eos=bool(params.get("ignore_eos", False)),
+        stop_token_ids=list(params.get("stop_token_ids", ())),
+        output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def _chosen_logprobs(completion: Any) -> list[float] | None:
+    if completion.logprobs is None:
+        return None
+    return [float(lp[tok].logprob) for tok, lp in zip(completion.token_ids, completion.logprobs, strict=True)]
+
+
+class EngineActor:
+    """Owns one AsyncLLM. Construct through Ray (see ``rollplan.executor.engine_pool``)."""
+
+    def __init__(self, slot_id: str, config: EngineConfig) -> None:
+        # vLLM reads its environment at import: set it before anything imports vllm in this process.
+        os.environ.update(config.env_vars())
+        self._slot = slot_id
+        self._config = config
+        self._life = Lifecycle(slot_id)
+        self._engine: Any = None
+        self._version = 0
+        self._inflight: set[str] = set()
+        # Aborts that arrived before their request (the abort overtook it): refused on arrival. Bounded.
+        self._cancelled: dict[str, None] = {}
+        self._sleep_mode = False
+        self._started_at = time.time()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    async def start(
+        self, weights: bytes | None = None, weights_path: str | None = None, version: int = 0
+    ) -> dict:
+        """CREATED -> LOADING -> SERVING: import vLLM, build the engine, then load ``weights`` (safetensors
+        bytes or path) if given. Returns timings in seconds: import, create, weights, total."""
+        self._life.fire("load", time.time())
+        t0 = time.perf_counter()
+        try:
+            if self._config.cpu_threads is not None:
+                import torch
+
+                torch.set_num_threads(self._config.cpu_threads)
+            from vllm import AsyncEngineArgs
+            from vllm.config import KVTransferConfig
+            from vllm.platforms import current_platform
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            t1 = time.perf_counter()
+            self._sleep_mode = bool(self._config.sleep_mode and current_platform.is_sleep_mode_available())
+            kwargs = self._config.engine_kwargs(sleep_mode_available=self._sleep_mode)
+            if "kv_transfer_config" in kwargs:
+                kwargs["kv_transfer_config"] = KVTransferConfig(**kwargs["kv_transfer_config"])
+            self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+            t2 = time.perf_counter()
+            if weights is not None or weights_path is not None:
+                await self._engine.collective_rpc(
+                    "rollplan_reload_weights", kwargs={"data": weights, "path": weights_path}
+                )
+                await self._engine.reset_prefix_cache()
+            self._version = version
+            t3 = time.perf_counter()
+        except BaseException:
+            self._life.fire("stop", time.time())
+            self._shutdown_engine()
+            raise
+        self._life.fire("ready", time.time())
+        return {"import": t1 - t0, "create": t2 - t1, "weights": t3 - t2, "total": t3 - t0}
+
+    async def sleep(self) -> float:
+        """SERVING -> SLEEPING. With vLLM sleep mode: offload weights, drop KV (level 1). Without (CPU): the
+        engine stays resident and is simply not routed to. Returns seconds."""
+        self._life.require(EngineStatus.SERVING, action="sleep")
+        t = time.perf_counter()
+        if self._sleep_mode:
+            await self._engine.sleep(level=1)
+        self._life.fire("sleep", time.time())
+        return time.perf_counter() - t
+
+    async def wake(self) -> float:
+        """SLEEPING -> SERVING. Returns seconds."""
+        self._life.require(EngineStatus.SLEEPING, action="wake")
+        t = time.perf_counter()
+        if self._sleep_mode:
+            await self._engine.wake_up()
+        self._life.fire("wake", time.time())
+        return time.perf_counter() - t
+
+    async def drain(self) -> int:
+        """SERVING/SLEEPING -> DRAINING: refuse new requests. Returns the number still in flight."""
+        self._life.fire("drain", time.time())
+        return len(self._inflight)
+
+    async def undrain(self) -> None:
+        self._life.fire("undrain", time.time())
+
+    async def stop(self) -> float:
+        """Any state -> STOPPED: abort in-flight requests and shut the engine down. Idempotent."""
+        if self._life.state is EngineStatus.STOPPED:
+            return 0.0
+        t = time.perf_counter()
+        self._life.fire("stop", time.time())
+        if self._engine is not None and self._inflight:
+            await self._engine.abort(list(self._inflight))
+        self._shutdown_engine()
+        return time.perf_counter() - t
+
+    def _shutdown_engine(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()
+
+    # -- requests ----------------------------------------------------------------------------------------
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], params: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Run one request to completion (or abort). Returns a plain dict:
+
+        token_ids, logprobs (None unless asked), finish_reason ("stop" | "length" | "abort" |
+        "unavailable"), num_cached_tokens (prefix cache + KV loaded through the connector),
+        prompt_tokens, seconds, slot, weights_version. On abort, ``token_ids`` holds the tokens made so far.
+        """
+        t = time.perf_counter()
+        if not self._life.state.accepts_requests:
+            return self._unavailable(prompt_ids)
+        if self._cancelled.pop(request_id, 0) is None:
+            return {**self._unavailable(prompt_ids), "finish_reason": "abort"}
+        self._inflight.add(request_id)
+        last = None
+        try:
+            async for out in self._engine.generate(
+                {"prompt_token_ids": list(prompt_ids)}, sampling_params(params), request_id
+            ):
+                last = out
+        finally:
+            self._inflight.discard(request_id)
+        if last is None:  # aborted before the engine produced any output
+            return {
+                **self._unavailable(prompt_ids),
+                "finish_reason": "abort",
+                "seconds": time.perf_counter() - t,
+            }
+        comp = last.outputs[0]
+        return {
+            "token_ids": list(comp.token_ids),
+            "logprobs": _chosen_logprobs(comp),
+            "finish_reason": str(comp.finish_reason or "abort"),
+            "num_cached_tokens": int(last.num_cached_tokens or 0),
+            "prompt_tokens": len(prompt_ids),
+            "seconds": time.perf_counter() - t,
+            "slot": self._slot,
+            "weights_version": self._version,
+        }
+
+    async def generate_stream(self, request_id: str, prompt_ids: list[int], params: dict[str, Any]):
+        """Streaming variant (call with ``num_returns="streaming"``): yields dicts with the new
+        ``token_ids`` (and ``logprobs``) of each engine step; the last one carries ``finish_reason``."""
+        if not self._life.state.accepts_requests:
+            yield self._unavailable(prompt_ids)
+            return
+        self._inflight.add(request_id)
+        try:
+            async for out in self._engine.generate(
+                {"prompt_token_ids": list(prompt_ids)}, sampling_params(params, delta=True), request_id
+            ):
+                comp = out.outputs[0]
+                yield {
+                    "token_ids": list(comp.token_ids),
+                    "logprobs": _chosen_logprobs(comp),
+                    "finish_reason": str(comp.finish_reason) if out.finished else None,
+                    "num_cached_tokens": int(out.num_cached_tokens or 0),
+                    "slot": self._slot,
+                    "weights_version": self._version,
+                }
+        finally:
+            self._inflight.discard(request_id)
+
+    async def generate_many(self, prompts: list[list[int]], params: dict[str, Any]) -> dict[str, Any]:
+        """Run a batch of requests concurrently (measurement helper: no per-request Ray round trip).
+        Returns seconds (wall) and per-request outputs as in ``generate``."""
+        t = time.perf_counter()
+        stamp = f"{self._slot}-batch-{time.monotonic_ns()}"
+        outs = await asyncio.gather(
+            *(self.generate(f"{stamp}-{i}", p, params) for i, p in enumerate(prompts))
+        )
+        return {"seconds": time.perf_counter() - t, "outputs": list(outs)}
+
+    async def abort(self, request_ids: list[str]) -> list[str]:
+        """Abort requests; returns those that were in flight here (the others are ignored)."""
+        live = [r for r in request_ids if r in self._inflight]
+        for r in request_ids:
+            if r not in self._inflight:
+                self._cancelled[r] = None
+        while len(self._cancelled) > 4096:
+            self._cancelled.pop(next(iter(self._cancelled)))
+        if live and self._engine is not None:
+            await self._engine.abort(live)
+        return live
+
+    def _unavailable(self, prompt_ids: list[int]) -> dict[str, Any]:
+        return {
+            "token_ids": [],
+            "logprobs": None,
+            "finish_reason": "unavailable",
+            "num_cached_tokens": 0,
+            "prompt_tokens": len(prompt_ids),
+            "seconds": 0.0,
+            "slot": self._slot,
+            "weights_version": self._version,
+            "state": self._life.state.value,
+        }
+
+    # -- weights -----------------------------------------------------------------------------------------
+    async def pause(self) -> None:
+        """Freeze scheduling (in-flight requests keep their place) before a weight sync."""
+        self._life.require(EngineStatus.SERVING, EngineStatus.SLEEPING, EngineStatus.DRAINING, action="pause")
+        await self._engine.pause_generation(mode="keep", clear_cache=False)
+
+    async def resume(self) -> None:
+        await self._engine.resume_generation()
+
+    async def reload_weights(
+        self, data: bytes | None = None, path: str | None = None, version: int = 0
+    ) -> float:
+        """Install new weights in place (``collective_rpc`` -> worker ``reload_weights``). Returns seconds.
+
+        Does not reset caches: call ``reset_cache`` after every engine sharing a KV store has reloaded and
+        the store is cleared (stale KV must not be loaded back)."""
+        self._life.require(
+            EngineStatus.SERVING, EngineStatus.SLEEPING, EngineStatus.DRAINING, action="reload_weights"
+        )
+        t = time.perf_counter()
+        await self._engine.collective_rpc("rollplan_reload_weights", kwargs={"data": data, "path": path})
+        self._version = version
+        return time.perf_counter() - t
+
+    async def reset_cache(self) -> bool:
+        """Drop the prefix cache; running requests are preempted and recompute their KV (new weights)."""
+        return bool(await self._engine.reset_prefix_cache(reset_running_requests=True))
+
+    async def update_weights(
+        self, data: bytes | None = None, path: str | None = None, version: int = 0
+    ) -> float:
+        """pause -> reload -> reset cache -> resume, for a single engine (no shared KV store to clear)."""
+        t = time.perf_counter()
+        await self.pause()
+        try:
+            await self.reload_weights(data, path, version)
+            await self.reset_cache()
+        finally:
+            await self.resume()
+        return time.perf_counter() - t
+
+    # -- introspection -----------------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        import ray
+
+        kv_tokens = None
+        if self._engine is not None:
+            cache = self._engine.vllm_config.cache_config
+            if cache.num_gpu_blocks:
+                kv_tokens = int(cache.num_gpu_blocks) * int(cache.block_size)
+        return {
+            "slot": self._slot,
+            "kv_capacity_tokens": kv_tokens,
+            "state": self._life.state.value,
+            "weights_version": self._version,
+            "inflight": len(self._inflight),
+            "sleep_mode": self._sleep_mode,
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "history": [(t, e, s.value) for t, e, s in self._life.history],
+        }
+
+    def ping(self) -> str:
+        return self._life.state.value

@@ -1,0 +1,80 @@
+"""A toy tool environment and batch builder for examples, benchmarks and tests.
+
+``ToyToolEnv`` is deterministic given the generated tokens: the observation is a checksum of the turn's
+tokens, the number of turns is fixed per item (``item.data["turns"]``), tool latency is a seeded
+uniform sleep, and ``item.data["raise_at"]`` makes the tool raise on that turn (a crashing tool).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+
+from rollplan.executor.agent import Observation, RolloutItem, SamplingConfig, TurnOutput
+
+WORDS = [
+    "search",
+    "the",
+    "table",
+    "for",
+    "price",
+    "then",
+    "compute",
+    "the",
+    "sum",
+    "and",
+    "answer",
+    "the",
+    "question",
+]
+
+
+@dataclass
+class ToyToolEnv:
+    """See the module docstring. ``sleep``: (low, high) seconds of tool latency, or None for none."""
+
+    item: RolloutItem
+    sleep: tuple[float, float] | None = (0.05, 0.25)
+
+    async def step(self, turn: TurnOutput) -> Observation:
+        data = self.item.data or {}
+        if self.sleep is not None:
+            rng = random.Random(f"{self.item.id}:{turn.turn}")
+            await asyncio.sleep(rng.uniform(*self.sleep))
+        if data.get("raise_at") == turn.turn:
+            raise RuntimeError(f"tool crashed on turn {turn.turn}")
+        if turn.turn + 1 >= data.get("turns", 2):
+            return Observation(done=True, reward=float(len(turn.token_ids)))
+        digest = sum((i + 1) * t for i, t in enumerate(turn.token_ids)) % 997
+        return Observation(text=f" result {digest} ok")
+
+
+def make_toy_batch(
+    n: int = 32,
+    *,
+    group_size: int = 4,
+    max_tokens: int = 16,
+    turns: tuple[int, int] = (2, 4),
+    seed: int = 0,
+    prefix: str = "t",
+) -> list[RolloutItem]:
+    """``n`` greedy items in groups of ``group_size`` sharing a prompt (a per-sibling suffix makes their
+    outputs differ); every group gets a number of turns drawn from ``turns``."""
+    rng = random.Random(seed)
+    items = []
+    for g in range(n // group_size):
+        prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14)))
+        n_turns = rng.randint(*turns)
+        for k in range(group_size):
+            items.append(
+                RolloutItem(
+                    id=f"{prefix}{g}-{k}",
+                    prompt=f"{prompt} ({k})",
+                    group=f"{prefix}g{g}",
+                    max_turns=max(turns[1], 1),
+                    sampling=SamplingConfig(max_tokens=max_tokens, ignore_eos=True),
+                    data={"turns": n_turns},
+                )
+            )
+    return items

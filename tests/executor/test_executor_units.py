@@ -1,0 +1,264 @@
+"""Executor parts that run without Ray or vLLM: lifecycle, prediction, fallback policy, snapshot,
+measured perf model, engine settings, the tiny model builder, the CLI registration.
+
+Invariants checked with hypothesis:
+- lifecycle: a transition happens iff the table allows it; otherwise ``IllegalTransitionError`` and the
+  state is unchanged; STOPPED is absorbing; the error survives pickling (it crosses Ray).
+- prediction: every estimate is finite and >= 0; remaining decode tokens never exceed the budget left;
+  with finished siblings of total T, a sibling that made g < T tokens is predicted T - g (one sibling).
+- fallback plan: every unfinished trajectory is placed on a slot without a deadline (when one exists);
+  actions come in ``ACTION_ORDER``; every slot with a deadline is returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import pickle
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollplan.executor.agent import RolloutItem, SamplingConfig, TrajectoryRun
+from rollplan.executor.config import EngineConfig, ExecutorConfig, KVConnectorConfig
+from rollplan.executor.controller import Controller, fallback_plan
+from rollplan.executor.lifecycle import TRANSITIONS, EngineStatus, Lifecycle
+from rollplan.executor.perf import MeasuredPerfModel, from_profile_records, measured_provider
+from rollplan.executor.pool import SlotRuntime
+from rollplan.executor.prediction import GroupPredictor, Progress, Totals
+from rollplan.models import (
+    ACTION_ORDER,
+    ClusterSnapshot,
+    EngineState,
+    Estimate,
+    IllegalTransitionError,
+    Phase,
+    Role,
+    Slot,
+    Trajectory,
+    gpu_kind,
+    model_spec,
+)
+
+EVENTS = sorted(TRANSITIONS)
+
+
+# -- lifecycle -----------------------------------------------------------------------------------------------
+def test_lifecycle_happy_path() -> None:
+    life = Lifecycle("s0")
+    for event, state in [
+        ("load", "loading"),
+        ("ready", "serving"),
+        ("sleep", "sleeping"),
+        ("wake", "serving"),
+        ("drain", "draining"),
+        ("undrain", "serving"),
+        ("stop", "stopped"),
+    ]:
+        assert life.fire(event, 1.0).value == state
+    assert [e for _, e, _ in life.history] == ["load", "ready", "sleep", "wake", "drain", "undrain", "stop"]
+
+
+@given(st.lists(st.sampled_from([*EVENTS, "bogus"]), max_size=30))
+def test_lifecycle_fires_exactly_the_allowed_transitions(events: list[str]) -> None:
+    life = Lifecycle("s")
+    for ev in events:
+        before = life.state
+        allowed = before in TRANSITIONS.get(ev, {})
+        if allowed:
+            assert life.fire(ev) is TRANSITIONS[ev][before]
+        else:
+            with pytest.raises(IllegalTransitionError) as info:
+                life.fire(ev)
+            assert life.state is before
+            again = pickle.loads(pickle.dumps(info.value))
+            assert isinstance(again, IllegalTransitionError) and str(again) == str(info.value)
+        if before is EngineStatus.STOPPED:
+            assert life.state is EngineStatus.STOPPED
+
+
+def test_only_serving_accepts_requests() -> None:
+    assert [s for s in EngineStatus if s.accepts_requests] == [EngineStatus.SERVING]
+
+
+# -- prediction ----------------------------------------------------------------------------------------------
+def _progress(
+    group: str = "g", g: int = 0, turns_done: int = 0, max_turns: int = 4, per_turn: int = 32
+) -> Progress:
+    return Progress(group, g, 0, 0.0, turns_done, max_turns, per_turn)
+
+
+totals = st.builds(
+    Totals,
+    decode_tokens=st.floats(0, 500),
+    prefill_tokens=st.floats(0, 200),
+    tool_seconds=st.floats(0, 30),
+    turns=st.floats(1, 8),
+)
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(["g0", "g1", "g2"]), totals), max_size=8),
+    st.sampled_from(["g0", "g1", "g9"]),
+    st.integers(0, 200),
+    st.integers(0, 4),
+)
+def test_prediction_estimates_are_finite_and_bounded(obs, group, made, turns_done) -> None:
+    pred = GroupPredictor()
+    for g, t in obs:
+        pred.observe(g, t)
+    p = Progress(group, made, 0, 0.0, turns_done, 4, 64)
+    out = pred.predict(p)
+    for est in (out.decode, out.prefill, out.tool, out.turns):
+        assert math.isfinite(est.mean) and est.mean >= 0 and math.isfinite(est.spread) and est.spread >= 0
+    assert out.decode.mean <= max(4 * 64 - made, 1)
+
+
+@given(st.integers(1, 120), st.data())
+def test_first_finished_sibling_predicts_the_rest(total: int, data) -> None:
+    pred = GroupPredictor()
+    assert pred.predict(_progress(per_turn=64)).source == "prior"
+    pred.observe("g", Totals(float(total), 10.0, 1.0, 3.0))
+    made = data.draw(st.integers(0, total - 1))
+    out = pred.predict(_progress(g=made, per_turn=64))
+    assert out.source == "group"
+    assert out.decode.mean == pytest.approx(total - made)
+    # Another group has no finished sibling: the batch mean stands in.
+    assert pred.predict(_progress(group="other", per_turn=64)).source == "batch"
+
+
+# -- fallback plan and snapshot ------------------------------------------------------------------------------
+slot_st = st.builds(
+    Slot,
+    id=st.sampled_from(["s0", "s1", "s2", "s3"]),
+    gpu=st.just("cpu"),
+    node=st.just("n"),
+    role=st.sampled_from(list(Role)),
+    engine=st.sampled_from(list(EngineState)),
+    return_by=st.one_of(st.none(), st.floats(0, 100)),
+)
+
+
+@settings(max_examples=60)
+@given(st.lists(slot_st, min_size=1, max_size=4, unique_by=lambda s: s.id), st.integers(0, 12), st.data())
+def test_fallback_plan_places_everything_and_orders_actions(slots, n, data) -> None:
+    ids = [s.id for s in slots]
+    trajs = tuple(
+        Trajectory(
+            f"t{j}",
+            f"g{j % 3}",
+            Phase.DECODING,
+            10,
+            data.draw(st.one_of(st.none(), st.sampled_from(ids))),
+            Estimate(float(j)),
+        )
+        for j in range(n)
+    )
+    snap = ClusterSnapshot(0.0, "tiny", tuple(slots), trajs)
+    plan = fallback_plan(snap)
+    keep = {s.id for s in slots if s.return_by is None}
+    if keep:
+        assert set(plan.placement) == {t.id for t in trajs}
+        assert set(plan.placement.values()) <= keep
+    order = [ACTION_ORDER.index(a.kind) for a in plan.actions]
+    assert order == sorted(order)
+    returned = {a.slot for a in plan.actions if a.kind.value == "return_slot"}
+    assert returned == {s.id for s in slots if s.return_by is not None}
+
+
+def test_snapshot_reflects_slots_runs_and_predictions() -> None:
+    async def go() -> ClusterSnapshot:
+        ctl = Controller(
+            ExecutorConfig(engine=EngineConfig(model="unused"), clock=lambda: 42.0), plan_fn=None
+        )
+        ctl.add_slot(SlotRuntime("a/0", "node-a", "r", "cpu"))
+        gone = SlotRuntime("b/0", "node-b", "r", "cpu")
+        ctl.add_slot(gone)
+        ctl.lose_slot("b/0")
+        item = RolloutItem("t0", (1, 2, 3), group="g", max_turns=3, sampling=SamplingConfig(max_tokens=10))
+        run = TrajectoryRun(
+            item=item, prompt_ids=[1, 2, 3], context=[1, 2, 3, 4, 5], home="b/0", generated=2, turn=1
+        )
+        ctl.runs = {"t0": run}
+        return ctl.snapshot()
+
+    snap = asyncio.run(go())
+    assert snap.time == 42.0 and [s.id for s in snap.slots] == ["a/0"]
+    assert snap.slots[0].engine is EngineState.NONE and snap.slots[0].role is Role.OFF
+    (t,) = snap.trajectories
+    assert t.slot is None  # its KV was on the lost slot
+    assert t.context_tokens == 5 and t.phase is Phase.PREFILL_PENDING
+    assert 0 < t.remaining_decode_tokens.mean <= 3 * 10 - 2
+
+
+# -- perf, config ----------------------------------------------------------------------------------------------
+def test_measured_perf_fits_profile_records() -> None:
+    recs = [
+        {"phase": "decode", "batch": b, "kv_tokens": 64, "seconds": 0.005 + 0.001 * b} for b in (1, 4, 16)
+    ]
+    recs += [{"phase": "prefill", "prompt_tokens": [n], "seconds": 0.002 + 1e-4 * n} for n in (10, 100)]
+    recs += [{"phase": "engine_start", "seconds": s} for s in (30.0, 40.0, 50.0)]
+    recs += [{"phase": "kv_transfer", "seconds": 0.01 + 1e-4 * n, "tokens": n} for n in (32, 64)]
+    base = MeasuredPerfModel(gpu_kind("cpu"), model_spec("tiny"))
+    m = from_profile_records(recs, base)
+    assert m.decode_step_time(8, 64) == pytest.approx(0.013)
+    assert m.prefill_time([50]) == pytest.approx(0.007)
+    assert m.cold_start_time() == 40.0
+    assert m.kv_transfer_time(100, False) == pytest.approx(0.02)
+    assert m.kv_capacity_tokens() == (64 << 20) // model_spec("tiny").kv_bytes_per_token
+
+
+def test_measured_provider_reads_a_profile_file(tmp_path: Path) -> None:
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(json.dumps({"phase": "wake", "seconds": s}) for s in (0.1, 0.3, 0.2)) + "\n")
+    perf = measured_provider("tiny", profile=f, engine_start=3.0)("cpu", 1)
+    assert perf.wake_time() == pytest.approx(0.2) and perf.cold_start_time() == 3.0
+
+
+def test_engine_settings_follow_the_cpu_notes(tmp_path: Path) -> None:
+    cfg = EngineConfig(model="m", connector=KVConnectorConfig(storage_path=str(tmp_path)))
+    kw = cfg.engine_kwargs(sleep_mode_available=False)
+    assert kw["dtype"] == "float32" and kw["max_model_len"] == 512 and kw["enforce_eager"]
+    assert kw["kv_cache_memory_bytes"] == 64 << 20 and not kw["enable_sleep_mode"]
+    assert kw["kv_transfer_config"] == {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
+    }
+    env = cfg.env_vars()
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["TOKENIZERS_PARALLELISM"] == "false"
+    assert "kv_transfer_config" not in EngineConfig(
+        model="m", connector=KVConnectorConfig(kind="none")
+    ).engine_kwargs(sleep_mode_available=True)
+
+
+# -- tiny model, CLI ---------------------------------------------------------------------------------------------
+def test_tiny_models_share_the_tokenizer_and_differ_in_weights(tiny_model: Path, tiny_model_v1: Path) -> None:
+    assert (tiny_model / "tokenizer.json").read_bytes() == (tiny_model_v1 / "tokenizer.json").read_bytes()
+    assert (tiny_model / "model.safetensors").read_bytes() != (
+        tiny_model_v1 / "model.safetensors"
+    ).read_bytes()
+    cfg = json.loads((tiny_model / "config.json").read_text())
+    assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_key_value_heads"], cfg["vocab_size"]) == (
+        2,
+        128,
+        1,
+        1024,
+    )
+
+
+def test_bench_executor_is_registered_without_importing_vllm() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from rollplan.solver.cli import main; rc = main(['bench', 'executor', '--help']);"
+        "assert 'vllm' not in sys.modules and 'ray' not in sys.modules, 'heavy import'; sys.exit(rc)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--profile-out" in out.stdout
