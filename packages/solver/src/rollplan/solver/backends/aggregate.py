@@ -56,6 +56,8 @@ from rollplan.solver.backends.formulation import (
     Sense,
     SolveLimits,
     Var,
+    is_small,
+    solve_exact,
 )
 from rollplan.solver.backends.repair import (
     Prep,
@@ -709,3 +711,17 @@ def bound_lp(inst: Instance, factory: type, *, budget: float, upper: float | Non
     if res.status is not SolveStatus.OPTIMAL or res.bound is None:
         return None
     return max(cp, res.bound * (1.0 - 1e-7) - 1e-7)
+
+
+@dataclass(frozen=True, slots=True)
+class FormulationBackend:
+    """``Backend`` protocol over one model builder (PuLP or CP-SAT): the exact per-trajectory model when the
+    instance is small (``formulation.is_small``), aggregate + disaggregate + repair when it is large."""
+
+    name: str
+    make_builder: BuilderFactory
+
+    def solve(self, inst: Instance, *, budget: float, hint: Decision | None = None) -> Decision | None:
+        if is_small(inst, budget):
+            return solve_exact(inst, self.make_builder, budget=budget, hint=hint)
+        return solve_large(inst, self.make_builder, budget=budget, hint=hint, backend=self.name)

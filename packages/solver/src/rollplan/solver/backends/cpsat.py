@@ -25,7 +25,6 @@ from ortools.sat.python import cp_model
 
 from rollplan.models.types import SolveStatus
 from rollplan.solver.backends import aggregate
-from rollplan.solver.backends.base import Decision
 from rollplan.solver.backends.formulation import (
     ObjectivePart,
     Sense,
@@ -33,8 +32,6 @@ from rollplan.solver.backends.formulation import (
     SolveResult,
     Terms,
     Var,
-    is_small,
-    solve_exact,
 )
 from rollplan.solver.instance import Instance
 
@@ -160,15 +157,4 @@ def make_builder(inst: Instance) -> CpSatBuilder:
     return CpSatBuilder(inst)
 
 
-class CpSatBackend:
-    """``Backend`` protocol: exact CP-SAT model when small, aggregate + repair when large."""
-
-    name = NAME
-
-    def solve(self, inst: Instance, *, budget: float, hint: Decision | None = None) -> Decision | None:
-        if is_small(inst, budget):
-            return solve_exact(inst, make_builder, budget=budget, hint=hint)
-        return aggregate.solve_large(inst, make_builder, budget=budget, hint=hint, backend=NAME)
-
-
-BACKEND = CpSatBackend()
+BACKEND = aggregate.FormulationBackend(NAME, make_builder)

@@ -29,7 +29,6 @@ import pulp
 
 from rollplan.models.types import SolveStatus
 from rollplan.solver.backends import aggregate
-from rollplan.solver.backends.base import Decision
 from rollplan.solver.backends.formulation import (
     ExactFormulation,
     ObjectivePart,
@@ -39,7 +38,6 @@ from rollplan.solver.backends.formulation import (
     Terms,
     Var,
     is_small,
-    solve_exact,
 )
 from rollplan.solver.instance import Instance
 
@@ -285,18 +283,7 @@ def make_builder(inst: Instance) -> PulpBuilder:
     return PulpBuilder(inst)
 
 
-class MilpBackend:
-    """``Backend`` protocol: exact MILP when small, aggregate + repair when large."""
-
-    name = NAME
-
-    def solve(self, inst: Instance, *, budget: float, hint: Decision | None = None) -> Decision | None:
-        if is_small(inst, budget):
-            return solve_exact(inst, make_builder, budget=budget, hint=hint)
-        return aggregate.solve_large(inst, make_builder, budget=budget, hint=hint, backend=NAME)
-
-
-BACKEND = MilpBackend()
+BACKEND = aggregate.FormulationBackend(NAME, make_builder)
 
 
 def lp_bound(inst: Instance, budget: float, *, upper: float | None = None) -> float | None:
