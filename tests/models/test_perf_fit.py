@@ -244,3 +244,15 @@ def test_profile_switching_belongs_to_its_model() -> None:
     assert qwen.kv_transfer_time(1000, False) > llama.kv_transfer_time(1000, False)  # more KV bytes per token
     # Without decode/prefill records the kernel composition still answers for both.
     assert llama.decode_step_time(8, 300) == pytest.approx(shipped_calibration("h100").perf_model("llama-3-8b").decode_step_time(8, 300))
+
+
+def test_reprefill_records_are_prefills_of_the_whole_context() -> None:
+    recs = fitting.parse_profile(
+        ['{"phase": "reprefill", "tokens": 300, "seconds": 0.04}'], source="p.jsonl"
+    )
+    assert len(recs) == 1
+    assert recs[0].phase == "prefill"
+    assert recs[0].prompt_tokens == (300,)
+    assert recs[0].cached_tokens == (0,)
+    with pytest.raises(TraceError, match=r"p\.jsonl:1"):
+        fitting.parse_profile(['{"phase": "reprefill", "tokens": 0, "seconds": 0.04}'], source="p.jsonl")

@@ -653,7 +653,7 @@ def fit_tables(data_dir: str | Path, gpu: str, *, source: str = "") -> Calibrati
 # --- profiler output -----------------------------------------------------------------------------------------
 
 PROFILE_PHASES = (
-    "decode", "prefill", "engine_start", "wake", "weight_sync", "kv_transfer", "role_switch", "kv_capacity",
+    "decode", "prefill", "reprefill", "engine_start", "wake", "weight_sync", "kv_transfer", "role_switch", "kv_capacity",
 )
 
 
@@ -730,6 +730,13 @@ def parse_profile(lines: Iterable[str], *, source: str = "<profile>") -> list[Pr
                                  "(and cached_tokens, if given, of the same length, >= 0)",
                                  fix='e.g. {"phase": "prefill", "prompt_tokens": [512, 128], "seconds": 0.05}')
             rec = replace(rec, prompt_tokens=tuple(prompts), cached_tokens=tuple(cached))
+        elif phase == "reprefill":
+            # Recomputing a migrated trajectory's KV is a prefill of its whole context with nothing cached.
+            tokens = _field(obj, "tokens", int, source, i, fix)
+            if tokens <= 0:
+                raise TraceError(source, i, f"reprefill needs tokens > 0, got {tokens}",
+                                 fix="record how many context tokens were recomputed")
+            rec = replace(rec, phase="prefill", prompt_tokens=(tokens,), cached_tokens=(0,))
         elif phase in ("kv_transfer", "weight_sync"):
             tokens = obj.get("tokens", 0)
             nbytes = obj.get("bytes", 0)
