@@ -71,6 +71,20 @@ LONGEST = 32
 """Longest trajectories whose critical paths the fluid estimate checks."""
 
 
+def top_two(slots: Sequence[int], finish: Sequence[float]) -> tuple[int, float, float]:
+    """One pass over ``slots``: (the slot that finishes last, its finish, the runner-up finish); (-1, -inf, -inf)
+    when ``slots`` is empty. Both local searches (here and ``repair``) start from the makespan slot."""
+    worst, cur, second = -1, -math.inf, -math.inf
+    for s in slots:
+        f = finish[s]
+        if f > cur:
+            worst, cur, second = s, f, cur
+        elif f > second:
+            second = f
+    return worst, cur, second
+
+
+
 @dataclass(frozen=True, slots=True)
 class _Type:
     """Slots sharing every perf-derived coefficient."""
@@ -683,14 +697,7 @@ def improve(
         if until is not None and clock() >= until:
             break
         fin = state.finish
-        # One pass: the makespan slot and the runner-up finish.
-        worst, cur, second = -1, -math.inf, -math.inf
-        for s in decode_slots:
-            f = fin[s]
-            if f > cur:
-                worst, cur, second = s, f, cur
-            elif f > second:
-                second = f
+        worst, cur, second = top_two(decode_slots, fin)
         if not state.members[worst]:
             break
         prefill_fin = max((fin[s] for s in prefill_slots), default=0.0)

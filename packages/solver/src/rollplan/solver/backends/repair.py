@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rollplan.models.types import Role
+from rollplan.solver.backends.greedy import top_two
 from rollplan.solver.bounds import InstanceArrays, instance_arrays
 from rollplan.solver.evaluate import waterfill_finish
 from rollplan.solver.instance import MAX_NUM_SEQS, Instance
@@ -516,13 +517,7 @@ def repair(
             break
         level = state.prefill_level()
         fin = state.finish
-        worst, cur, second = -1, -math.inf, -math.inf
-        for s in decode_slots:
-            f = fin[s]
-            if f > cur:
-                worst, cur, second = s, f, cur
-            elif f > second:
-                second = f
+        worst, cur, second = top_two(decode_slots, fin)
         over_slots = [s for s in decode_slots if fin[s] > p.deadline[s] + EPS and s not in stalled]
         target_slot = over_slots[0] if over_slots else worst
         if target_slot < 0 or target_slot in stalled or level >= cur:
