@@ -88,7 +88,8 @@ def test_evaluate_ids_with_missing_trajectories_prices_the_rest() -> None:
     keep = [j for j in range(len(inst.trajs)) if j % 3]
     by_id = {inst.trajs[j].id: inst.slots[placement[j]].id for j in keep}
     ev = evaluate_ids(inst, {sl.id: r for sl, r in zip(inst.slots, roles, strict=True)}, by_id)
-    sub = Instance(inst.snapshot, inst.config, inst.slots, tuple(inst.trajs[j] for j in keep), inst.kv_bytes_per_token)
+    sub = Instance(inst.snapshot, inst.config, inst.slots, tuple(inst.trajs[j] for j in keep), inst.kv_bytes_per_token,
+                   phi=inst.phi)
     ref = evaluate_reference(sub, roles, [placement[j] for j in keep])
     assert dataclasses.replace(ev, problems=ref.problems) == ref
     assert len(ev.problems) == len(ref.problems) + len(inst.trajs) - len(keep)

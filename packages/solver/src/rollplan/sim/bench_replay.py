@@ -9,7 +9,8 @@ five policies (same trace, workload, performance model and seed), as a window of
 starts at RL step 4, and rollplan's history prior has seen steps 1-3 (``WARMUP_BATCHES``).
 
 Per trace it reports the throughput ratios rollplan / elastic-colocated, rollplan / formula-pd,
-rollplan / static-colocated and every policy's last-10% share; and for the 11-hour Bamboo p3 trace the wall
+rollplan / static-colocated and every policy's last-10% share, on the batches all five completed (the
+target's comparison: ``metrics.common_tail_shares``) and on each policy's own batches; and for the 11-hour Bamboo p3 trace the wall
 time of the whole five-policy replay and simulator events per second.
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 from rollplan.models.errors import UserInputError
 from rollplan.sim.engine import SimConfig
 from rollplan.sim.lending import LendingConfig, LendMode
+from rollplan.sim.metrics import common_tail_shares
 from rollplan.sim.policies import POLICY_NAMES, make_policy
 from rollplan.sim.replay import (
     SWEBENCH_FILES,
@@ -81,7 +83,8 @@ def trace_row(name: str, result: ReplayResult) -> dict[str, Any]:
         x, y = s.get(a, {}).get("throughput_tokens_per_s"), s.get(b, {}).get("throughput_tokens_per_s")
         return round(x / y, 4) if x and y else None
 
-    tails = {k: v["tail_share"]["mean"] for k, v in s.items()}
+    common = common_tail_shares(s)
+    tails = common["mean"]
     rp_tail = tails.get("rollplan")
     others = [v for k, v in tails.items() if k != "rollplan" and v is not None]
     row = {
@@ -90,7 +93,9 @@ def trace_row(name: str, result: ReplayResult) -> dict[str, Any]:
         "rollplan_vs_elastic": ratio("rollplan", "elastic-colocated"),
         "rollplan_vs_formula_pd": ratio("rollplan", "formula-pd"),
         "rollplan_vs_static": ratio("rollplan", "static-colocated"),
-        "tail_share": tails,
+        "tail_share_common": tails,
+        "tail_share_common_batches": len(common["batches"]),
+        "tail_share_all": {k: v["tail_share"]["mean"] for k, v in s.items()},
         "tokens_per_s": {k: v["throughput_tokens_per_s"] for k, v in s.items()},
         "batches": {k: v["batches_completed"] for k, v in s.items()},
         "replans_rollplan": s.get("rollplan", {}).get("replans", {}).get("count"),

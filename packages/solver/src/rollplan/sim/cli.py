@@ -56,7 +56,7 @@ def print_table(report: dict[str, Any], *, title: str) -> None:
 
     t = Table(title=title)
     for col in ("policy", "tokens/s", "x static", "traj/h", "batches", "rollout s", "last-10% share",
-                "switch GPU-s", "re-plans", "gap", "wall s"):
+                "same batches", "switch GPU-s", "re-plans", "gap", "wall s"):
         t.add_column(col, justify="right" if col != "policy" else "left")
 
     def f(x: Any, nd: int = 1) -> str:
@@ -64,7 +64,8 @@ def print_table(report: dict[str, Any], *, title: str) -> None:
 
     for r in table_rows(report):
         t.add_row(r["policy"], f(r["tokens_per_s"]), f(r["ratio"], 3), f(r["traj_per_h"]), f(r["batches"]),
-                  f(r["rollout_s"]), f(r["tail_share"], 3), f(r["switching_gpu_s"], 0), f(r["replans"]),
+                  f(r["rollout_s"]), f(r["tail_share"], 3), f(r.get("tail_share_common"), 3),
+                  f(r["switching_gpu_s"], 0), f(r["replans"]),
                   f(r["gap"], 3), f(r["wall_s"], 2))
     Console(width=150).print(t)
 
@@ -206,7 +207,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         for col in ("trace", "h", "vs elastic", "vs formula-pd", "vs static", "tail rollplan", "best baseline tail"):
             t.add_column(col, justify="right" if col != "trace" else "left")
         for r in doc["traces"]:
-            tails = r["tail_share"]
+            tails = r["tail_share_common"]
             base = min((v for k, v in tails.items() if k != "rollplan" and v is not None), default=math.nan)
             t.add_row(r["trace"], f"{r['duration_h']:.1f}", str(r["rollplan_vs_elastic"]), str(r["rollplan_vs_formula_pd"]),
                       str(r["rollplan_vs_static"]), str(tails.get("rollplan")), f"{base:.4f}")

@@ -8,6 +8,11 @@ Definitions (also in docs/simulator.md):
 - batch rollout time: from a batch's start to its last trajectory's completion.
 - tail share of a batch: (rollout end - time its ceil(90%)-th trajectory completed) / rollout time: the share
   of rollout time spent on the last 10% of trajectories. Reported per batch and as the mean over batches.
+- common tail share (``common_tail_shares``): the mean tail share over the batches that *every* compared
+  policy completed. Policies compared by their own means are judged on different batches: a faster policy
+  reaches later batches, whose longest trajectories (tool-bound paths of up to ~1,000 s) may give them a long
+  tail whatever the schedule, while a slow one is judged on early batches only. Comparisons of tail shares
+  between policies use this paired figure.
 - GPU-seconds by category: per present slot, time x tp in its role (mixed/prefill/decode), OFF (present but
   unused) or switching (cold start, wake, weight sync, role switch: the slot serves nothing).
 - re-plans: count, wall-clock latency of the policy's decision (the only wall-clock figure: excluded from
@@ -17,6 +22,7 @@ Definitions (also in docs/simulator.md):
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +147,21 @@ def tail_share(completions: list[float], rollout_s: float) -> float | None:
     c = sorted(completions)
     k = max(1, math.ceil(0.9 * len(c)))
     return max(0.0, (rollout_s - c[k - 1]) / rollout_s)
+
+
+def common_tail_shares(summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Tail shares on the batches every policy in ``summaries`` completed: ``{"batches": [indices],
+    "mean": {policy: mean tail share over those batches (None when there are none)}}``."""
+    per: dict[str, dict[int, float]] = {
+        name: {b["index"]: b["tail_share"] for b in s.get("batches", ())
+               if b.get("rollout_s") is not None and b.get("tail_share") is not None}
+        for name, s in summaries.items()
+    }
+    common = sorted(set.intersection(*(set(v) for v in per.values()))) if per else []
+    return {
+        "batches": common,
+        "mean": {name: _r(_mean([v[i] for i in common])) for name, v in per.items()},
+    }
 
 
 def _pct(xs: list[float], p: float) -> float | None:

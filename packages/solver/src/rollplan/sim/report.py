@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rollplan.sim.metrics import deterministic_view
+from rollplan.sim.metrics import common_tail_shares, deterministic_view
 from rollplan.sim.replay import ReplayResult
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ def build_report(result: ReplayResult, *, extra: dict[str, Any] | None = None) -
         "baseline": BASELINE,
         "policies": summaries,
         "ratio_to_baseline": ratios(summaries),
+        "tail_share_common": common_tail_shares(summaries),
         "wall_s": round(result.wall_s, 3),
         "cpu_s": round(result.cpu_s, 3),
         **(extra or {}),
@@ -62,6 +63,7 @@ def deterministic_report(report: dict[str, Any]) -> dict[str, Any]:
 def table_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per policy for the comparison table."""
     rows = []
+    common = report.get("tail_share_common", {}).get("mean", {})
     for name, s in report["policies"].items():
         r = report["ratio_to_baseline"].get(name, {})
         rows.append({
@@ -72,6 +74,7 @@ def table_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             "batches": s["batches_completed"],
             "rollout_s": s["rollout_s"]["mean"],
             "tail_share": s["tail_share"]["mean"],
+            "tail_share_common": common.get(name),
             "switching_gpu_s": s["switching_gpu_seconds"],
             "replans": s["replans"]["count"],
             "gap": s["replans"]["gap"]["mean"],

@@ -99,14 +99,14 @@ def map_previous(inst: Instance, previous: Plan) -> Decision | None:
     """The previous plan's decision on this instance, by ids; repaired where it no longer fits.
 
     Slots unknown to ``previous`` are OFF; slots past (or too close to) their deadline are OFF; a half P/D
-    pair becomes MIXED. A trajectory keeps its previous slot when that slot still decodes and holds it,
+    pair becomes MIXED (DECODE slots without PREFILL stay when no prefill work is placed on them). A trajectory keeps its previous slot when that slot still decodes and holds it,
     else goes home, else to the decoding slot hosting the fewest. None when nothing decodes.
     """
     usable = set(usable_slots(inst))
     roles = [previous.roles.get(sl.id, Role.OFF) if s in usable else Role.OFF for s, sl in enumerate(inst.slots)]
     present = set(roles)
-    if (Role.DECODE in present) != (Role.PREFILL in present):
-        roles = [Role.MIXED if r in (Role.DECODE, Role.PREFILL) else r for r in roles]
+    if Role.PREFILL in present and Role.DECODE not in present:
+        roles = [Role.MIXED if r is Role.PREFILL else r for r in roles]
     hosts = [s for s, r in enumerate(roles) if r.decodes]
     if inst.trajs and not hosts:
         return None
@@ -129,6 +129,12 @@ def map_previous(inst: Instance, previous: Plan) -> Decision | None:
             s = min(fitting, key=lambda h: (count[h], h))
         count[s] += 1
         placement.append(s)
+    if Role.DECODE in present and Role.PREFILL not in present:
+        # DECODE slots need a PREFILL slot only for prefill work placed on them; switching them to MIXED
+        # otherwise would only pay a role switch.
+        p_work = x.P.tolist()
+        if any(p_work[j] > 0 and roles[s] is Role.DECODE for j, s in enumerate(placement)):
+            roles = [Role.MIXED if r is Role.DECODE else r for r in roles]
     return Decision(roles=tuple(roles), placement=tuple(placement), status=SolveStatus.HEURISTIC)
 
 

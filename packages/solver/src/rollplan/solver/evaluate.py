@@ -69,7 +69,7 @@ def evaluate_reference(inst: Instance, roles: Sequence[Role], placement: Sequenc
     max_d = [0.0] * n_s
     occ = [0.0] * n_s
     extra = [0.0] * n_s  # prefill on MIXED, KV receive on DECODE, migrations in
-    cp = [0.0] * n_s
+    cp = [0.0] * n_s  # max_j Q_js (the co-decode term phi c_s sum D is added per slot in _finish)
     switching = 0.0
     prefill_for_decode = 0.0
     trajs, slots = inst.trajs, inst.slots
@@ -100,7 +100,7 @@ def evaluate_reference(inst: Instance, roles: Sequence[Role], placement: Sequenc
         else:
             extra[s] += t.prefill / sl.cross_node_kv_rate + move
             prefill_for_decode += t.prefill
-        path = d * (sl.a + sl.c) + t.tool + t.prefill / mu
+        path = d * (sl.a + sl.c) + t.tool + t.prefill / mu - (inst.phi * sl.c) * d  # Q_js
         if path > cp[s]:
             cp[s] = path
 
@@ -148,7 +148,7 @@ def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) ->
         move = np.where(away, np.minimum(1e-3 + ctx / rate, ctx / mu), 0.0)
     mixed = is_mixed[ps]
     extra_j = np.where(mixed, p / mu, p / x.cross[ps]) + move
-    path = d * (x.a[ps] + x.c[ps]) + w + p / mu
+    path = d * (x.a[ps] + x.c[ps]) + w + p / mu - (inst.phi * x.c[ps]) * d  # Q_js
     sum_d = np.bincount(ps, d, minlength=n_s)
     occ = np.bincount(ps, occ_j, minlength=n_s)
     extra = np.bincount(ps, extra_j, minlength=n_s)
@@ -204,7 +204,7 @@ def _finish(
             finish[s] = st
             continue
         decode_time = sl.c * sum_d[s] + sl.a * max(max_d[s], occ[s])
-        finish[s] = st + max(decode_time + extra[s], cp[s])
+        finish[s] = st + max(decode_time + extra[s], cp[s] + (inst.phi * sl.c) * sum_d[s])
 
     if prefill_for_decode > 0:
         if not prefill_slots:

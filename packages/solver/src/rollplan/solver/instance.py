@@ -26,12 +26,17 @@ Notations (times in seconds relative to the snapshot time, tokens in tokens):
                 when the KV is lost, in which case the recompute is already in P_j)
   d_s           deadline of slot s (return_by - time), or None
   lam           switch_weight: objective weight of one switching GPU-second
+  phi           co-decode share (``PlannerConfig.co_decode``; estimated per instance by ``co_decode_share``):
+                the share of the other trajectories' decode tokens on a slot that fall in decode steps of its
+                critical trajectory. Each such token adds c_s to that step, so it lengthens j's own path.
 
 Per-slot completion time for decision (role r_s, placed set J_s), see ``evaluate``:
   MIXED:   T_s = st_s + c_s sum D_j + a_s max(max D_j, sum O_j w_js) + sum P_j / mu_s + sum m_js
   DECODE:  T_s = st_s + c_s sum D_j + a_s max(max D_j, sum O_j w_js) + sum x_j + sum m_js
            (x_j = KV receive time of j's new prefill tokens from a PREFILL slot)
-  both:    T_s >= st_s + CP_js,  CP_js = D_j (a_s + c_s) + W_j + P_j / mu_s  (j's own critical path)
+  both:    T_s >= st_s + CP_js + phi c_s (sum_{k on s} D_k - D_j)  for every j on s
+           CP_js = D_j (a_s + c_s) + W_j + P_j / mu_s  (j's own critical path at batch 1); the phi term: the
+           co-residents' tokens decoded in j's steps (continuous batching runs them in the same forwards)
   PREFILL: T_p = st_p + L_p / mu_p, where sum_p L_p = sum of P_j over trajectories on DECODE slots
   st_s = on_s + sw_s(r_s)  when r_s != OFF
 Objective: C + lam * SW + penalty * sum overrun_s, with C >= T_s for all s and T_s <= d_s + overrun_s.
@@ -234,6 +239,7 @@ class Instance:
     ``TrajCoeffs`` when built by hand). ``arrays``: the same numbers as numpy vectors, always derived from
     ``slots``, ``trajs`` and ``config`` (so ``dataclasses.replace`` keeps them consistent). ``unfinished``:
     the snapshot's unfinished trajectories in ``trajs`` order, when known (``build_instance``), else None.
+    ``phi``: the co-decode share (Notations); 0 (a trajectory's path at batch 1) unless set.
     """
 
     snapshot: ClusterSnapshot
@@ -242,6 +248,7 @@ class Instance:
     trajs: Sequence[TrajCoeffs]
     kv_bytes_per_token: int
     unfinished: tuple[Trajectory, ...] | None = field(default=None, compare=False, repr=False)
+    phi: float = 0.0
     arrays: InstanceArrays = field(init=False, compare=False, repr=False)
     _memo: dict[Hashable, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
@@ -271,7 +278,8 @@ class Instance:
     def restricted(self, keep: Sequence[int]) -> Instance:
         """This instance with trajectories ``keep`` only (same slots, same coefficients)."""
         cols = {name: getattr(self.arrays, name) for name in _TRAJ_FIELDS}
-        return Instance(self.snapshot, self.config, self.slots, TrajTable(_take(cols, keep)), self.kv_bytes_per_token)
+        return Instance(self.snapshot, self.config, self.slots, TrajTable(_take(cols, keep)), self.kv_bytes_per_token,
+                        phi=self.phi)
 
     # -- per (j, s) quantities, computed on demand (|J| x |S| can be 16M at the largest scale) ---------------
     # They read ``arrays`` (the same floats as ``trajs``), so that calling them does not build ``trajs``.
@@ -320,6 +328,13 @@ class Instance:
         """CP_js: j's own remaining time on slot s at batch 1 (decode, tools, its prefill)."""
         x, sl = self.arrays, self.slots[s]
         return float(x.D[j]) * (sl.a + sl.c) + float(x.W[j]) + float(x.P[j]) / sl.mu
+
+    def own_path(self, j: int, s: int) -> float:
+        """Q_js = CP_js - phi c_s D_j: j's path on s without the co-decode term, which the slot adds once as
+        phi c_s sum_k D_k (so T_s >= st_s + Q_js + phi c_s sum_k D_k for every j on s)."""
+        x, sl = self.arrays, self.slots[s]
+        d = float(x.D[j])
+        return d * (sl.a + sl.c) + float(x.W[j]) + float(x.P[j]) / sl.mu - (self.phi * sl.c) * d
 
 
 def _slot_arrays(slots: Sequence[SlotCoeffs], rsw: float) -> dict[str, np.ndarray]:
@@ -562,8 +577,31 @@ def build_instance(snapshot: ClusterSnapshot, config: PlannerConfig) -> Instance
         kv_bytes_per_token=spec.kv_bytes_per_token,
         unfinished=unfinished,
     )
+    phi = config.co_decode if config.co_decode is not None else co_decode_share(inst.arrays)
+    if phi:
+        inst = Instance(inst.snapshot, config, inst.slots, inst.trajs, inst.kv_bytes_per_token, unfinished, phi)
     _check_hostable(inst)
     return inst
+
+
+CO_DECODE_TOP = 32
+"""Longest trajectories (by critical path) whose decode share estimates phi."""
+
+
+def co_decode_share(x: InstanceArrays) -> float:
+    """phi estimated from the instance: the decode share of the ``CO_DECODE_TOP`` longest critical paths on
+    the most common slot type, sum D_j (a + c) / sum CP_j. Reason: the slot that sets the makespan is the one
+    of a long trajectory, and its co-residents' tokens slow it only while it decodes (not in tool calls or
+    while its own prefill runs), so a decode-bound long trajectory feels them fully and a tool-bound one
+    hardly at all. In [0, 1]; 0 without trajectories or slots."""
+    if not x.D.size or not x.type_of.size:
+        return 0.0
+    r = int(x.rep[int(np.bincount(x.type_of).argmax())])
+    dec = x.D * (x.a[r] + x.c[r])
+    cp = dec + x.W + x.P / x.mu[r]
+    top = np.argsort(-cp, kind="stable")[:CO_DECODE_TOP]
+    total = float(cp[top].sum())
+    return min(1.0, max(0.0, float(dec[top].sum()) / total)) if total > 0 else 0.0
 
 
 def _check_hostable(inst: Instance) -> None:

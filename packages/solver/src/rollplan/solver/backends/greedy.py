@@ -95,6 +95,8 @@ class _Type:
     kv_capacity: float
     tau_ref: float
     cross: float
+    phic: float
+    """phi c: each decode token on a slot of this type adds this to its critical trajectory's path."""
 
 
 class _Prep:
@@ -109,7 +111,8 @@ class _Prep:
         self.x = x
         self.slot_type: list[int] = x.type_of.tolist()
         self.types = [
-            _Type(float(x.a[r]), float(x.c[r]), float(x.mu[r]), float(x.kv[r]), float(x.tau[r]), float(x.cross[r]))
+            _Type(float(x.a[r]), float(x.c[r]), float(x.mu[r]), float(x.kv[r]), float(x.tau[r]), float(x.cross[r]),
+                  inst.phi * float(x.c[r]))
             for r in x.rep
         ]
         n_types = len(self.types)
@@ -124,6 +127,7 @@ class _Prep:
         self.fits_a = fit
         work = np.empty_like(dec)
         cp_all = np.empty_like(dec)
+        q_all = np.empty_like(dec)
         occ_a = np.empty_like(dec)
         mix_a = np.empty_like(dec)
         dec_a = np.empty_like(dec)
@@ -136,10 +140,12 @@ class _Prep:
             self.mix_extra.append(mix.tolist())
             self.dec_extra.append(dec_a[k].tolist())
             cp_all[k] = x.D * (ty.a + ty.c) + x.W + mix
-            self.cp.append(cp_all[k].tolist())
+            q_all[k] = cp_all[k] - ty.phic * x.D  # Q_j: as evaluate computes it
+            self.cp.append(q_all[k].tolist())
             work[k] = dec[k] + mix
-        # The same tables as arrays (type x trajectory), for the vectorised passes.
-        self.occ_a, self.mix_a, self.dec_a, self.cp_a = occ_a, mix_a, dec_a, cp_all
+        # The same tables as arrays (type x trajectory), for the vectorised passes. ``cp_a``: CP_j at batch 1
+        # (ordering, estimates, the aggregate model); ``cp``/``q_a``: Q_j, what a slot's finish takes the max of.
+        self.occ_a, self.mix_a, self.dec_a, self.cp_a, self.q_a = occ_a, mix_a, dec_a, cp_all, q_all
         # Move seconds m_js (Instance.move_seconds, inlined): per-j home and context, per-slot rates and node.
         self.home: list[int] = x.home.tolist()
         self.context: list[float] = x.ctx.tolist()
@@ -220,7 +226,7 @@ class _State:
         oc = self.occ[s] + p.occ[k][j]
         ex = self.extra[s] + (p.mix_extra[k][j] if self.mixed[s] else p.dec_extra[k][j]) + self.move(j, s)
         cpj = p.cp[k][j]
-        cpv = self.cp[s] if self.cp[s] > cpj else cpj
+        cpv = (self.cp[s] if self.cp[s] > cpj else cpj) + ty.phic * (self.sum_d[s] + d)
         body = ty.c * (self.sum_d[s] + d) + ty.a * (md if md > oc else oc) + ex
         return self.st[s] + (body if body > cpv else cpv)
 
@@ -263,7 +269,8 @@ class _State:
         ty = self.prep.types[self.prep.slot_type[s]]
         md, oc = self.max_d[s], self.occ[s]
         body = ty.c * self.sum_d[s] + ty.a * (md if md > oc else oc) + self.extra[s]
-        return self.st[s] + (body if body > self.cp[s] else self.cp[s])
+        cpv = self.cp[s] + ty.phic * self.sum_d[s]
+        return self.st[s] + (body if body > cpv else cpv)
 
     def open_start(self, s: int) -> float:
         """st_s of OFF slot s turned on MIXED."""
@@ -277,7 +284,7 @@ class _State:
         d = p.decode[j]
         oc = p.occ[k][j]
         body = ty.c * d + ty.a * (d if d > oc else oc) + p.mix_extra[k][j] + self.move(j, s)
-        cpj = p.cp[k][j]
+        cpj = p.cp[k][j] + ty.phic * d
         return self.open_start(s) + (body if body > cpj else cpj)
 
     def open(self, s: int) -> None:
@@ -316,9 +323,10 @@ class _State:
             if len(mem) == 1:
                 return st
             md = d2 if j == dj else d1
-            cpv = c2 if j == cj else c1
+            rest = sum_d - p.decode[j]
+            cpv = (c2 if j == cj else c1) + ty.phic * rest
             oc = occ - occ_k[j]
-            body = ty.c * (sum_d - p.decode[j]) + ty.a * (md if md > oc else oc) + extra - ex_k[j] - self.move(j, s)
+            body = ty.c * rest + ty.a * (md if md > oc else oc) + extra - ex_k[j] - self.move(j, s)
             return st + (body if body > cpv else cpv)
 
         return without
@@ -549,7 +557,7 @@ def _home_pass(prep: _Prep, state: _State, limit: Sequence[float], timed: Sequen
     d2[at] = x.D[cand]
     o2[at] = prep.occ_a[k, cand]
     e2[at] = np.where(np.asarray(state.mixed, dtype=bool)[h], prep.mix_a[k, cand], prep.dec_a[k, cand])
-    c2[at] = prep.cp_a[k, cand]
+    c2[at] = prep.q_a[k, cand]
     # add(): sum_d += d; max_d = max(max_d, d); occ += o; extra += e + move (0 at home); cp = max(cp, c);
     # all from 0. Padding (zeros after a row's end) changes no prefix.
     sums = {
@@ -562,7 +570,9 @@ def _home_pass(prep: _Prep, state: _State, limit: Sequence[float], timed: Sequen
     a = x.a[rows][:, None]
     c = x.c[rows][:, None]
     st = np.asarray(state.st)[rows][:, None]
-    fin = st + np.maximum(c * sums["sum_d"] + a * np.maximum(sums["max_d"], sums["occ"]) + sums["extra"], sums["cp"])
+    phic = np.array([ty.phic for ty in prep.types])[x.type_of[rows]][:, None]
+    fin = st + np.maximum(c * sums["sum_d"] + a * np.maximum(sums["max_d"], sums["occ"]) + sums["extra"],
+                          sums["cp"] + phic * sums["sum_d"])
     sums["finish"] = fin
     ok = (fin <= np.asarray(limit)[rows][:, None]) | (np.arange(width)[None, :] >= lengths[:, None])
     clean = ok.all(axis=1)
@@ -624,7 +634,8 @@ def _fill_windows(state: _State, deadlines: Sequence[float]) -> int:
         if -neg != fin[s]:
             heapq.heappush(heap, (-fin[s], s))
             continue
-        if fin[s] <= window_max + 1e-9 or fin[s] <= state.st[s] + state.cp[s] + 1e-9:
+        own = state.st[s] + state.cp[s] + prep.types[prep.slot_type[s]].phic * state.sum_d[s]
+        if fin[s] <= window_max + 1e-9 or fin[s] <= own + 1e-9:
             break  # the makespan is no longer set by a free slot's load
         members = queue.get(s)
         if members is None:

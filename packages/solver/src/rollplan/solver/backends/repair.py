@@ -62,7 +62,8 @@ class Prep:
             share = np.maximum(x.kbar / kv if kv > 0 else np.inf, 1.0 / MAX_NUM_SEQS)
             occ = x.D + (x.W / x.tau[r] if x.tau[r] > 0 else 0.0)
             self.occw_a[k] = occ * share
-            self.cp_a[k] = x.D * (x.a[r] + x.c[r]) + x.W + x.P / x.mu[r]
+            # Q_j (``Instance.own_path``): the slot adds phi c sum D once (``State._finish``).
+            self.cp_a[k] = x.D * (x.a[r] + x.c[r]) + x.W + x.P / x.mu[r] - (inst.phi * x.c[r]) * x.D
             self.mix_a[k] = x.P / x.mu[r]
             self.dec_a[k] = x.P / x.cross[r]
             self.fits_a[k] = x.peak <= kv
@@ -79,6 +80,7 @@ class Prep:
         self.node_id: list[int] = self.node_a.tolist()
         self.a: list[float] = x.a.tolist()
         self.c: list[float] = x.c.tolist()
+        self.phic: list[float] = (inst.phi * x.c).tolist()  # phi c_s
         self.mu: list[float] = x.mu.tolist()
         self.same: list[float] = x.same.tolist()
         self.cross: list[float] = x.cross.tolist()
@@ -152,7 +154,8 @@ class SlotState:
 
     def _finish(self, s: int, sum_d: float, max_d: float, occ: float, extra: float, cp: float) -> float:
         p = self.prep
-        return self.st[s] + max(p.c[s] * sum_d + p.a[s] * (max_d if max_d > occ else occ) + extra, cp)
+        return self.st[s] + max(p.c[s] * sum_d + p.a[s] * (max_d if max_d > occ else occ) + extra,
+                                cp + p.phic[s] * sum_d)
 
     def finish_with(self, j: int, s: int) -> float:
         """T_s if j were added to s."""
@@ -309,7 +312,7 @@ def state_of_partial(prep: Prep, roles: Sequence[Role], jj: np.ndarray, pl: np.n
     cp = np.zeros(n_s)
     np.maximum.at(cp, pl, prep.cp_a[kt, jj])
     st = np.asarray(state.st)
-    fin = st + np.maximum(x.c * sum_d + x.a * np.maximum(max_d, occ) + extra, cp)
+    fin = st + np.maximum(x.c * sum_d + x.a * np.maximum(max_d, occ) + extra, cp + (prep.inst.phi * x.c) * sum_d)
     used = np.bincount(pl, minlength=n_s) > 0
     state.finish = np.where(used, fin, np.asarray(state.finish)).tolist()
     state.sum_d, state.max_d, state.occ = sum_d.tolist(), max_d.tolist(), occ.tolist()
