@@ -1,8 +1,10 @@
-"""The co-decode term (phi, ``PlannerConfig.co_decode``): a slot's critical trajectory is slowed by the decode
-tokens of the trajectories sharing its slot (continuous batching runs them in the same forward passes).
+"""The co-running term (phi, ``PlannerConfig.co_decode``): a slot's critical trajectory is slowed by the decode
+tokens and prefill chunks of the trajectories sharing its slot (continuous batching runs them in the same
+forward passes).
 
 Invariants checked:
-- a slot's finish is st + max(decode body, max_j (CP_j + phi c (sum D - D_j))), hand-computed on one slot;
+- a slot's finish is st + max(decode body, max_j (CP_j + phi sum_{k != j} (c D_k + P_k / mu))), hand-computed
+  on one MIXED slot;
 - phi = 0 gives the batch-1 critical path of earlier versions; a larger phi never lowers an objective;
 - the estimated phi is the decode share of the longest critical paths, in [0, 1];
 - milp, cpsat and exhaustive agree on the optimum with phi > 0 (the c6 rows price the term exactly);
@@ -30,7 +32,7 @@ def _one_slot(phi: float | None):
         slots=[make_slot("s0")],
         trajectories=[
             make_traj("long", decode=2000, tool=600.0),
-            make_traj("a", decode=3000),
+            make_traj("a", decode=3000, prefill=4000.0),
             make_traj("b", decode=1000),
         ],
     )
@@ -45,8 +47,9 @@ def test_slot_finish_is_the_critical_path_plus_the_co_decode_term(phi: float) ->
     ev = evaluate(inst, [Role.MIXED], [0, 0, 0])
     assert ev == evaluate_reference(inst, [Role.MIXED], [0, 0, 0])
     d = [t.decode for t in inst.trajs]
-    cps = [inst.critical_path(j, 0) + phi * sl.c * (sum(d) - d[j]) for j in range(3)]
-    body = sl.c * sum(d) + sl.a * max(max(d), sum(inst.occupancy(j, 0) * inst.share(j, 0) for j in range(3)))
+    e = [t.prefill / sl.mu for t in inst.trajs]
+    cps = [inst.critical_path(j, 0) + phi * (sl.c * (sum(d) - d[j]) + sum(e) - e[j]) for j in range(3)]
+    body = sl.c * sum(d) + sl.a * max(max(d), sum(inst.occupancy(j, 0) * inst.share(j, 0) for j in range(3))) + sum(e)
     assert cps[0] > body  # the tool-bound trajectory sets the slot's finish in this instance
     assert ev.slot_finish[0] == pytest.approx(sl.start_seconds(Role.MIXED, 0.05) + max(body, *cps), rel=1e-12)
 

@@ -69,7 +69,8 @@ def evaluate_reference(inst: Instance, roles: Sequence[Role], placement: Sequenc
     max_d = [0.0] * n_s
     occ = [0.0] * n_s
     extra = [0.0] * n_s  # prefill on MIXED, KV receive on DECODE, migrations in
-    cp = [0.0] * n_s  # max_j Q_js (the co-decode term phi c_s sum D is added per slot in _finish)
+    stall = [0.0] * n_s  # sum_j e_js: the slot's own prefill (MIXED) / KV receive (DECODE) seconds, no moves
+    cp = [0.0] * n_s  # max_j Q_js (the co-running term phi (c_s sum D + sum e) is added per slot in _finish)
     switching = 0.0
     prefill_for_decode = 0.0
     trajs, slots = inst.trajs, inst.slots
@@ -96,15 +97,17 @@ def evaluate_reference(inst: Instance, roles: Sequence[Role], placement: Sequenc
         switching += move * sl.tp
         mu = sl.mu
         if role is Role.MIXED:
-            extra[s] += t.prefill / mu + move
+            own = t.prefill / mu
         else:
-            extra[s] += t.prefill / sl.cross_node_kv_rate + move
+            own = t.prefill / sl.cross_node_kv_rate
             prefill_for_decode += t.prefill
-        path = d * (sl.a + sl.c) + t.tool + t.prefill / mu - (inst.phi * sl.c) * d  # Q_js
+        extra[s] += own + move
+        stall[s] += own
+        path = d * (sl.a + sl.c) + t.tool + t.prefill / mu - ((inst.phi * sl.c) * d + inst.phi * own)  # Q_js
         if path > cp[s]:
             cp[s] = path
 
-    return _finish(inst, roles, sum_d, max_d, occ, extra, cp, switching, prefill_for_decode, problems)
+    return _finish(inst, roles, sum_d, max_d, occ, extra, stall, cp, switching, prefill_for_decode, problems)
 
 
 def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) -> Evaluation:
@@ -147,11 +150,13 @@ def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) ->
         rate = np.where(src_node == x.node[ps], x.same[ps], x.cross[ps])
         move = np.where(away, np.minimum(1e-3 + ctx / rate, ctx / mu), 0.0)
     mixed = is_mixed[ps]
-    extra_j = np.where(mixed, p / mu, p / x.cross[ps]) + move
-    path = d * (x.a[ps] + x.c[ps]) + w + p / mu - (inst.phi * x.c[ps]) * d  # Q_js
+    own = np.where(mixed, p / mu, p / x.cross[ps])
+    extra_j = own + move
+    path = d * (x.a[ps] + x.c[ps]) + w + p / mu - ((inst.phi * x.c[ps]) * d + inst.phi * own)  # Q_js
     sum_d = np.bincount(ps, d, minlength=n_s)
     occ = np.bincount(ps, occ_j, minlength=n_s)
     extra = np.bincount(ps, extra_j, minlength=n_s)
+    stall = np.bincount(ps, own, minlength=n_s)
     max_d = np.zeros(n_s)
     np.maximum.at(max_d, ps, d)
     cp = np.zeros(n_s)
@@ -167,6 +172,7 @@ def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) ->
         max_d.tolist(),
         occ.tolist(),
         extra.tolist(),
+        stall.tolist(),
         cp.tolist(),
         switching,
         prefill_for_decode,
@@ -181,6 +187,7 @@ def _finish(
     max_d: list[float],
     occ: list[float],
     extra: list[float],
+    stall: list[float],
     cp: list[float],
     switching: float,
     prefill_for_decode: float,
@@ -204,7 +211,7 @@ def _finish(
             finish[s] = st
             continue
         decode_time = sl.c * sum_d[s] + sl.a * max(max_d[s], occ[s])
-        finish[s] = st + max(decode_time + extra[s], cp[s] + (inst.phi * sl.c) * sum_d[s])
+        finish[s] = st + max(decode_time + extra[s], cp[s] + ((inst.phi * sl.c) * sum_d[s] + inst.phi * stall[s]))
 
     if prefill_for_decode > 0:
         if not prefill_slots:

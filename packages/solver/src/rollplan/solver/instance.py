@@ -26,17 +26,20 @@ Notations (times in seconds relative to the snapshot time, tokens in tokens):
                 when the KV is lost, in which case the recompute is already in P_j)
   d_s           deadline of slot s (return_by - time), or None
   lam           switch_weight: objective weight of one switching GPU-second
-  phi           co-decode share (``PlannerConfig.co_decode``; estimated per instance by ``co_decode_share``):
-                the share of the other trajectories' decode tokens on a slot that fall in decode steps of its
-                critical trajectory. Each such token adds c_s to that step, so it lengthens j's own path.
+  phi           co-running share (``PlannerConfig.co_decode``; estimated per instance by ``co_decode_share``):
+                the share of the other trajectories' work on a slot that falls in decode steps of its critical
+                trajectory: each of their decode tokens adds c_s to such a step, each second of their prefill
+                (MIXED) or KV receive (DECODE), e_ks, stalls it. Both lengthen j's own path.
+  e_js          seconds j's own prefill (MIXED: P_j / mu_s) or KV receive (DECODE: x_js) stalls slot s
 
 Per-slot completion time for decision (role r_s, placed set J_s), see ``evaluate``:
   MIXED:   T_s = st_s + c_s sum D_j + a_s max(max D_j, sum O_j w_js) + sum P_j / mu_s + sum m_js
   DECODE:  T_s = st_s + c_s sum D_j + a_s max(max D_j, sum O_j w_js) + sum x_j + sum m_js
            (x_j = KV receive time of j's new prefill tokens from a PREFILL slot)
-  both:    T_s >= st_s + CP_js + phi c_s (sum_{k on s} D_k - D_j)  for every j on s
+  both:    T_s >= st_s + CP_js + phi sum_{k on s, k != j} (c_s D_k + e_ks)  for every j on s
            CP_js = D_j (a_s + c_s) + W_j + P_j / mu_s  (j's own critical path at batch 1); the phi term: the
-           co-residents' tokens decoded in j's steps (continuous batching runs them in the same forwards)
+           co-residents' tokens decoded and prefill chunks run in j's steps (continuous batching runs them in
+           the same forward passes). Written Q_js + phi sum_k (c_s D_k + e_ks), Q_js = CP_js - phi (c_s D_j + e_js).
   PREFILL: T_p = st_p + L_p / mu_p, where sum_p L_p = sum of P_j over trajectories on DECODE slots
   st_s = on_s + sw_s(r_s)  when r_s != OFF
 Objective: C + lam * SW + penalty * sum overrun_s, with C >= T_s for all s and T_s <= d_s + overrun_s.
@@ -329,12 +332,19 @@ class Instance:
         x, sl = self.arrays, self.slots[s]
         return float(x.D[j]) * (sl.a + sl.c) + float(x.W[j]) + float(x.P[j]) / sl.mu
 
-    def own_path(self, j: int, s: int) -> float:
-        """Q_js = CP_js - phi c_s D_j: j's path on s without the co-decode term, which the slot adds once as
-        phi c_s sum_k D_k (so T_s >= st_s + Q_js + phi c_s sum_k D_k for every j on s)."""
+    def stall_seconds(self, j: int, s: int, role: Role) -> float:
+        """e_js: seconds j's own prefill (MIXED: P_j / mu_s) or KV receive (DECODE: x_js) stalls slot s."""
+        if role is Role.DECODE:
+            return self.kv_receive_seconds(j, s)
+        return float(self.arrays.P[j]) / self.slots[s].mu
+
+    def own_path(self, j: int, s: int, role: Role) -> float:
+        """Q_js = CP_js - phi (c_s D_j + e_js): j's path on s in ``role`` without the co-running term, which the
+        slot adds once as phi (c_s sum_k D_k + sum_k e_ks), so T_s >= st_s + Q_js + that for every j on s."""
         x, sl = self.arrays, self.slots[s]
         d = float(x.D[j])
-        return d * (sl.a + sl.c) + float(x.W[j]) + float(x.P[j]) / sl.mu - (self.phi * sl.c) * d
+        own = self.stall_seconds(j, s, role)
+        return d * (sl.a + sl.c) + float(x.W[j]) + float(x.P[j]) / sl.mu - ((self.phi * sl.c) * d + self.phi * own)
 
 
 def _slot_arrays(slots: Sequence[SlotCoeffs], rsw: float) -> dict[str, np.ndarray]:

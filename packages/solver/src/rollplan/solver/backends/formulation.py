@@ -13,7 +13,7 @@ D = {MIXED, DECODE} the decoding roles, F(j) = slots whose KV capacity holds j's
              x[j,s,r] in {0,1}, s in F(j), r in D   j runs on s in role r   (x[j,s] = sum_r x[j,s,r])
              T[s] >= 0                    finish time of s;   C >= 0 makespan
              U[s] >= 0                    a_s * max(max_j D_j x[j,s], sum_j O_js w_js x[j,s])  (linearised max)
-             V[s] >= 0                    co-decode seconds phi c_s sum_j D_j x[j,s]   (only when phi > 0)
+             V[s] >= 0                    co-running seconds on s (c6_co_running; only when phi > 0)
              pf[p] >= 0, z[p] in {0,1}    seconds of decode-slot prefill done by p (L_p / mu_p), p does some
              G >= 0                       finish of the fluid prefill share (the water level)
              ov[s] >= 0                   overrun of s past its deadline (slots with a deadline only)
@@ -30,9 +30,9 @@ D = {MIXED, DECODE} the decoding roles, F(j) = slots whose KV capacity holds j's
   c5_share_on[p]       pf[p] <= (sum_j P_j / mu_p) z[p];   c5_used_is_prefill[p]  z[p] <= y[p,PREFILL]
   c5_fill[p]           G >= st_p(PREFILL) z[p] + pf[p]
   c5_prefill_finish[p] T[p] >= G - M_G (1 - y[p,PREFILL])
-  c6_co_decode[s]      V[s] >= phi c_s sum_k D_k x[k,s]                  (only when phi > 0)
-  c6_critical_path[j,s] T[s] >= st_s + Q_js x[j,s] + V[s]   (Q_js = CP_js - phi c_s D_j; with x[j,s] = 0 the
-                       row is implied by c4_finish, as phi <= 1 and V[s] <= c_s sum D at the optimum: no big-M)
+  c6_co_running[s]     V[s] >= phi sum_k (c_s D_k x[k,s] + (P_k/mu_s) x[k,s,MIXED] + x_ks x[k,s,DECODE])  (phi > 0)
+  c6_critical_path[j,s] T[s] >= st_s + sum_r Q_jsr x[j,s,r] + V[s]   (Q_jsr = CP_js - phi (c_s D_j + e_jsr); with
+                       x[j,s] = 0 the row is implied by c4_finish, as phi <= 1: no big-M needed)
   c7_deadline[s]       ov[s] >= T[s] - d_s (1 - y[s,OFF])   (ov[s] >= T[s] - d_s when d_s > 0: OFF has T = 0)
   c8_makespan[s]       C >= T[s]
   c9_release_idle[s]   (slots with a deadline) y[s,r] <= sum_j x[j,s,r] for r in D;
@@ -44,7 +44,7 @@ D = {MIXED, DECODE} the decoding roles, F(j) = slots whose KV capacity holds j's
                          + sum_{j,s,r} tp_s m_js x[j,s,r];   deadline_overrun = sum_s ov[s]
 
 Why this equals ``evaluate``: per slot, T[s] at its smallest is st_s + max(c ΣD + a max(maxD, occ) + extra,
-max_j (Q_js + phi c ΣD)) (c4 and c6 are the two branches of the max; U is the inner max). The PREFILL slots: the smallest G
+max_j (Q_js + phi (c ΣD + Σe))) (c4 and c6 are the two branches of the max; U is the inner max). The PREFILL slots: the smallest G
 with G >= st_p + pf_p over the slots that prefill and sum_p mu_p pf_p >= W is the water level of
 ``waterfill_finish``, so T[p] = max(st_p, G) as in ``evaluate``. c9 makes the model's decision a fixed point
 of ``actions.release_idle`` (an idle slot with a deadline is switched OFF by ``make_plan``), so the priced
@@ -202,14 +202,15 @@ class ExactFormulation:
         self.has_prefill = self.prefill_total > 0
         # Per (j, s) coefficients, computed once (the instance computes them on demand).
         self.cp: dict[tuple[int, int], float] = {}
-        self.q: dict[tuple[int, int], float] = {}
+        self.q: dict[tuple[int, int, Role], float] = {}
         self.occw: dict[tuple[int, int], float] = {}
         self.move: dict[tuple[int, int], float] = {}
         self.recv: dict[tuple[int, int], float] = {}
         for j in self.J:
             for s in self.fit[j]:
                 self.cp[j, s] = inst.critical_path(j, s)
-                self.q[j, s] = inst.own_path(j, s)
+                for r in DECODING:
+                    self.q[j, s, r] = inst.own_path(j, s, r)
                 self.occw[j, s] = inst.occupancy(j, s) * inst.share(j, s)
                 self.move[j, s] = inst.move_seconds(j, s)
                 self.recv[j, s] = inst.kv_receive_seconds(j, s)
@@ -399,12 +400,13 @@ class ExactFormulation:
         for s, js in self._on_slot().items():
             if s in self.V:
                 phic = inst.phi * inst.slots[s].c
-                co = [(-phic * inst.trajs[j].decode, v) for j in js for _, v in self._xs(j, s)]
-                m.add(f"c6_co_decode_s{s}", [(1.0, self.V[s]), *co], Sense.GE, 0.0)
+                co = [(-(phic * inst.trajs[j].decode + inst.phi * inst.stall_seconds(j, s, r)), self.x[j, s, r])
+                      for j in js for r in DECODING]
+                m.add(f"c6_co_running_s{s}", [(1.0, self.V[s]), *co], Sense.GE, 0.0)
         for j in self.J:
             for s in self.fit[j]:
                 terms = [(1.0, self.T[s])] + [(-c, v) for c, v in self._start(s, DECODING)]
-                terms += [(-self.q[j, s], v) for _, v in self._xs(j, s)]
+                terms += [(-self.q[j, s, r], self.x[j, s, r]) for r in DECODING]
                 if s in self.V:
                     terms.append((-1.0, self.V[s]))
                 m.add(f"c6_critical_path_j{j}_s{s}", terms, Sense.GE, 0.0)
@@ -569,16 +571,16 @@ class ExactFormulation:
             vals[v] = 1.0 if placement[j] == s and roles[s] is r else 0.0
         max_d = [0.0] * len(self.S)
         occ = [0.0] * len(self.S)
-        sum_d = [0.0] * len(self.S)
+        co = [0.0] * len(self.S)
         for j, s in enumerate(placement):
             max_d[s] = max(max_d[s], inst.trajs[j].decode)
             occ[s] += self.occw[j, s]
-            sum_d[s] += inst.trajs[j].decode
+            co[s] += inst.phi * inst.slots[s].c * inst.trajs[j].decode + inst.phi * inst.stall_seconds(j, s, roles[s])
         for s, sl in enumerate(inst.slots):
             vals[self.T[s]] = ev.slot_finish[s]
             vals[self.U[s]] = sl.a * max(max_d[s], occ[s])
             if s in self.V:
-                vals[self.V[s]] = inst.phi * sl.c * sum_d[s]
+                vals[self.V[s]] = co[s]
             if s in self.ov:
                 vals[self.ov[s]] = ev.overrun[s]
         if self.has_prefill:

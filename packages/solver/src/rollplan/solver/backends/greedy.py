@@ -122,12 +122,14 @@ class _Prep:
         self.occ: list[list[float]] = []
         self.mix_extra: list[list[float]] = []
         self.dec_extra: list[list[float]] = []
-        self.cp: list[list[float]] = []
+        self.q_mix: list[list[float]] = []
+        self.q_dec: list[list[float]] = []
         self.fits: list[list[bool]] = [f.tolist() for f in fit]
         self.fits_a = fit
         work = np.empty_like(dec)
         cp_all = np.empty_like(dec)
-        q_all = np.empty_like(dec)
+        qm_all = np.empty_like(dec)
+        qd_all = np.empty_like(dec)
         occ_a = np.empty_like(dec)
         mix_a = np.empty_like(dec)
         dec_a = np.empty_like(dec)
@@ -140,12 +142,17 @@ class _Prep:
             self.mix_extra.append(mix.tolist())
             self.dec_extra.append(dec_a[k].tolist())
             cp_all[k] = x.D * (ty.a + ty.c) + x.W + mix
-            q_all[k] = cp_all[k] - ty.phic * x.D  # Q_j: as evaluate computes it
-            self.cp.append(q_all[k].tolist())
+            # Q_j on a MIXED / DECODE slot of this type: as evaluate computes it.
+            qm_all[k] = cp_all[k] - (ty.phic * x.D + inst.phi * mix)
+            qd_all[k] = cp_all[k] - (ty.phic * x.D + inst.phi * dec_a[k])
+            self.q_mix.append(qm_all[k].tolist())
+            self.q_dec.append(qd_all[k].tolist())
             work[k] = dec[k] + mix
         # The same tables as arrays (type x trajectory), for the vectorised passes. ``cp_a``: CP_j at batch 1
-        # (ordering, estimates, the aggregate model); ``cp``/``q_a``: Q_j, what a slot's finish takes the max of.
-        self.occ_a, self.mix_a, self.dec_a, self.cp_a, self.q_a = occ_a, mix_a, dec_a, cp_all, q_all
+        # (ordering, estimates); ``q_mix``/``q_dec``: Q_j by role, what a slot's finish takes the max of.
+        self.occ_a, self.mix_a, self.dec_a, self.cp_a = occ_a, mix_a, dec_a, cp_all
+        self.qm_a, self.qd_a = qm_all, qd_all
+        self.phi = inst.phi
         # Move seconds m_js (Instance.move_seconds, inlined): per-j home and context, per-slot rates and node.
         self.home: list[int] = x.home.tolist()
         self.context: list[float] = x.ctx.tolist()
@@ -199,10 +206,24 @@ class _State:
         self.max_d = [0.0] * n
         self.occ = [0.0] * n
         self.extra = [0.0] * n
-        self.cp = [0.0] * n
+        self.stall = [0.0] * n  # sum of the members' own prefill (MIXED) / KV receive (DECODE) seconds
+        self.cp = [0.0] * n  # max Q_j over the members
         self.members: list[list[int]] = [[] for _ in range(n)]
         self.finish = [self.st[s] if roles[s] is not Role.OFF else 0.0 for s in range(n)]
         self.where = [-1] * len(inst.trajs)
+        self.q: list[list[float]] = [self._q_table(s) for s in range(n)]
+
+    def _q_table(self, s: int) -> list[float]:
+        """Q_j on slot s in its current role (MIXED table for non-hosting roles: unused there)."""
+        p = self.prep
+        k = p.slot_type[s]
+        return p.q_dec[k] if self.roles[s] is Role.DECODE else p.q_mix[k]
+
+    def _own(self, j: int, s: int) -> float:
+        """e_js: j's own prefill (MIXED) or KV receive (DECODE) seconds on s."""
+        p = self.prep
+        k = p.slot_type[s]
+        return p.mix_extra[k][j] if self.mixed[s] else p.dec_extra[k][j]
 
     def move(self, j: int, s: int) -> float:
         """m_js, as ``Instance.move_seconds`` computes it."""
@@ -224,9 +245,10 @@ class _State:
         d = p.decode[j]
         md = self.max_d[s] if self.max_d[s] > d else d
         oc = self.occ[s] + p.occ[k][j]
-        ex = self.extra[s] + (p.mix_extra[k][j] if self.mixed[s] else p.dec_extra[k][j]) + self.move(j, s)
-        cpj = p.cp[k][j]
-        cpv = (self.cp[s] if self.cp[s] > cpj else cpj) + ty.phic * (self.sum_d[s] + d)
+        own = p.mix_extra[k][j] if self.mixed[s] else p.dec_extra[k][j]
+        ex = self.extra[s] + own + self.move(j, s)
+        cpj = self.q[s][j]
+        cpv = (self.cp[s] if self.cp[s] > cpj else cpj) + (ty.phic * (self.sum_d[s] + d) + p.phi * (self.stall[s] + own))
         body = ty.c * (self.sum_d[s] + d) + ty.a * (md if md > oc else oc) + ex
         return self.st[s] + (body if body > cpv else cpv)
 
@@ -238,9 +260,12 @@ class _State:
         if d > self.max_d[s]:
             self.max_d[s] = d
         self.occ[s] += p.occ[k][j]
-        self.extra[s] += (p.mix_extra[k][j] if self.mixed[s] else p.dec_extra[k][j]) + self.move(j, s)
-        if p.cp[k][j] > self.cp[s]:
-            self.cp[s] = p.cp[k][j]
+        own = self._own(j, s)
+        self.extra[s] += own + self.move(j, s)
+        self.stall[s] += own
+        q = self.q[s][j]
+        if q > self.cp[s]:
+            self.cp[s] = q
         self.members[s].append(j)
         self.where[j] = s
         self.finish[s] = self._finish(s)
@@ -251,15 +276,18 @@ class _State:
         k = p.slot_type[s]
         self.sum_d[s] -= p.decode[j]
         self.occ[s] -= p.occ[k][j]
-        self.extra[s] -= (p.mix_extra[k][j] if self.mixed[s] else p.dec_extra[k][j]) + self.move(j, s)
+        own = self._own(j, s)
+        self.extra[s] -= own + self.move(j, s)
+        self.stall[s] -= own
         self.members[s].remove(j)
         mem = self.members[s]
         if p.decode[j] >= self.max_d[s]:
             self.max_d[s] = max((p.decode[i] for i in mem), default=0.0)
-        if p.cp[k][j] >= self.cp[s]:
-            self.cp[s] = max((p.cp[k][i] for i in mem), default=0.0)
+        qs = self.q[s]
+        if qs[j] >= self.cp[s]:
+            self.cp[s] = max((qs[i] for i in mem), default=0.0)
         if not mem:  # clear float residue so an empty slot prices exactly like a fresh one
-            self.sum_d[s] = self.occ[s] = self.extra[s] = 0.0
+            self.sum_d[s] = self.occ[s] = self.extra[s] = self.stall[s] = 0.0
         self.where[j] = -1
         self.finish[s] = self._finish(s)
 
@@ -269,7 +297,7 @@ class _State:
         ty = self.prep.types[self.prep.slot_type[s]]
         md, oc = self.max_d[s], self.occ[s]
         body = ty.c * self.sum_d[s] + ty.a * (md if md > oc else oc) + self.extra[s]
-        cpv = self.cp[s] + ty.phic * self.sum_d[s]
+        cpv = self.cp[s] + (ty.phic * self.sum_d[s] + self.prep.phi * self.stall[s])
         return self.st[s] + (body if body > cpv else cpv)
 
     def open_start(self, s: int) -> float:
@@ -284,7 +312,7 @@ class _State:
         d = p.decode[j]
         oc = p.occ[k][j]
         body = ty.c * d + ty.a * (d if d > oc else oc) + p.mix_extra[k][j] + self.move(j, s)
-        cpj = p.cp[k][j] + ty.phic * d
+        cpj = p.q_mix[k][j] + (ty.phic * d + p.phi * p.mix_extra[k][j])
         return self.open_start(s) + (body if body > cpj else cpj)
 
     def open(self, s: int) -> None:
@@ -294,6 +322,7 @@ class _State:
         self.hosts[s] = True
         self.st[s] = self.open_start(s)
         self.finish[s] = self.st[s]
+        self.q[s] = self._q_table(s)
 
     def finishes_without(self, s: int) -> Callable[[int], float]:
         """j -> T_s if member j were removed from s, in O(1) per j (top-2 of D and CP taken once)."""
@@ -303,7 +332,7 @@ class _State:
         mem = self.members[s]
         d1 = d2 = c1 = c2 = 0.0
         dj = cj = -1
-        cps = p.cp[k]
+        cps = self.q[s]
         for i in mem:
             d = p.decode[i]
             if d > d1:
@@ -315,7 +344,7 @@ class _State:
                 c1, c2, cj = c, c1, i
             elif c > c2:
                 c2 = c
-        st, sum_d, occ, extra = self.st[s], self.sum_d[s], self.occ[s], self.extra[s]
+        st, sum_d, occ, extra, stall = self.st[s], self.sum_d[s], self.occ[s], self.extra[s], self.stall[s]
         occ_k = p.occ[k]
         ex_k = p.mix_extra[k] if self.mixed[s] else p.dec_extra[k]
 
@@ -324,7 +353,7 @@ class _State:
                 return st
             md = d2 if j == dj else d1
             rest = sum_d - p.decode[j]
-            cpv = (c2 if j == cj else c1) + ty.phic * rest
+            cpv = (c2 if j == cj else c1) + (ty.phic * rest + p.phi * (stall - ex_k[j]))
             oc = occ - occ_k[j]
             body = ty.c * rest + ty.a * (md if md > oc else oc) + extra - ex_k[j] - self.move(j, s)
             return st + (body if body > cpv else cpv)
@@ -557,7 +586,7 @@ def _home_pass(prep: _Prep, state: _State, limit: Sequence[float], timed: Sequen
     d2[at] = x.D[cand]
     o2[at] = prep.occ_a[k, cand]
     e2[at] = np.where(np.asarray(state.mixed, dtype=bool)[h], prep.mix_a[k, cand], prep.dec_a[k, cand])
-    c2[at] = prep.q_a[k, cand]
+    c2[at] = np.where(np.asarray(state.mixed, dtype=bool)[h], prep.qm_a[k, cand], prep.qd_a[k, cand])
     # add(): sum_d += d; max_d = max(max_d, d); occ += o; extra += e + move (0 at home); cp = max(cp, c);
     # all from 0. Padding (zeros after a row's end) changes no prefix.
     sums = {
@@ -565,6 +594,7 @@ def _home_pass(prep: _Prep, state: _State, limit: Sequence[float], timed: Sequen
         "max_d": np.maximum(np.maximum.accumulate(d2, axis=1), 0.0),
         "occ": np.cumsum(o2, axis=1),
         "extra": np.cumsum(e2, axis=1),
+        "stall": np.cumsum(e2, axis=1),  # the moves are 0 at home: stall = extra
         "cp": np.maximum(np.maximum.accumulate(c2, axis=1), 0.0),
     }
     a = x.a[rows][:, None]
@@ -572,7 +602,7 @@ def _home_pass(prep: _Prep, state: _State, limit: Sequence[float], timed: Sequen
     st = np.asarray(state.st)[rows][:, None]
     phic = np.array([ty.phic for ty in prep.types])[x.type_of[rows]][:, None]
     fin = st + np.maximum(c * sums["sum_d"] + a * np.maximum(sums["max_d"], sums["occ"]) + sums["extra"],
-                          sums["cp"] + phic * sums["sum_d"])
+                          sums["cp"] + (phic * sums["sum_d"] + prep.phi * sums["stall"]))
     sums["finish"] = fin
     ok = (fin <= np.asarray(limit)[rows][:, None]) | (np.arange(width)[None, :] >= lengths[:, None])
     clean = ok.all(axis=1)
@@ -634,7 +664,7 @@ def _fill_windows(state: _State, deadlines: Sequence[float]) -> int:
         if -neg != fin[s]:
             heapq.heappush(heap, (-fin[s], s))
             continue
-        own = state.st[s] + state.cp[s] + prep.types[prep.slot_type[s]].phic * state.sum_d[s]
+        own = state.st[s] + state.cp[s] + (prep.types[prep.slot_type[s]].phic * state.sum_d[s] + prep.phi * state.stall[s])
         if fin[s] <= window_max + 1e-9 or fin[s] <= own + 1e-9:
             break  # the makespan is no longer set by a free slot's load
         members = queue.get(s)

@@ -54,6 +54,8 @@ class Prep:
         n_types, n_j = len(x.rep), x.D.size
         self.occw_a = np.empty((n_types, n_j))
         self.cp_a = np.empty((n_types, n_j))
+        self.qm_a = np.empty((n_types, n_j))
+        self.qd_a = np.empty((n_types, n_j))
         self.mix_a = np.empty((n_types, n_j))
         self.dec_a = np.empty((n_types, n_j))
         self.fits_a = np.empty((n_types, n_j), dtype=bool)
@@ -62,13 +64,18 @@ class Prep:
             share = np.maximum(x.kbar / kv if kv > 0 else np.inf, 1.0 / MAX_NUM_SEQS)
             occ = x.D + (x.W / x.tau[r] if x.tau[r] > 0 else 0.0)
             self.occw_a[k] = occ * share
-            # Q_j (``Instance.own_path``): the slot adds phi c sum D once (``State._finish``).
-            self.cp_a[k] = x.D * (x.a[r] + x.c[r]) + x.W + x.P / x.mu[r] - (inst.phi * x.c[r]) * x.D
+            self.cp_a[k] = x.D * (x.a[r] + x.c[r]) + x.W + x.P / x.mu[r]  # CP_j at batch 1
             self.mix_a[k] = x.P / x.mu[r]
             self.dec_a[k] = x.P / x.cross[r]
+            # Q_j by role (``Instance.own_path``): the slot adds phi (c sum D + sum e) once (``State._finish``).
+            self.qm_a[k] = self.cp_a[k] - ((inst.phi * x.c[r]) * x.D + inst.phi * self.mix_a[k])
+            self.qd_a[k] = self.cp_a[k] - ((inst.phi * x.c[r]) * x.D + inst.phi * self.dec_a[k])
             self.fits_a[k] = x.peak <= kv
         self.occw: list[list[float]] = self.occw_a.tolist()
         self.cp: list[list[float]] = self.cp_a.tolist()
+        self.qm: list[list[float]] = self.qm_a.tolist()
+        self.qd: list[list[float]] = self.qd_a.tolist()
+        self.phi = inst.phi
         self.mix: list[list[float]] = self.mix_a.tolist()
         self.dec: list[list[float]] = self.dec_a.tolist()
         self.fits: list[list[bool]] = self.fits_a.tolist()
@@ -138,7 +145,8 @@ class SlotState:
         self.max_d = [0.0] * n
         self.occ = [0.0] * n
         self.extra = [0.0] * n
-        self.cp = [0.0] * n
+        self.cp = [0.0] * n  # max Q_j over the members
+        self.stall = [0.0] * n  # sum of the members' own prefill (MIXED) / KV receive (DECODE) seconds
         self.members: list[list[int]] = [[] for _ in range(n)]
         self.finish = [self.st[s] if roles[s] is not Role.OFF else 0.0 for s in range(n)]
         self.where = [-1] * len(prep.D)
@@ -146,29 +154,40 @@ class SlotState:
         self.move_sw = 0.0  # sum_j tp_s m_js
 
     # -- per slot -------------------------------------------------------------------------------------------
-    def _extra(self, j: int, s: int) -> float:
+    def _own(self, j: int, s: int) -> float:
+        """e_js: j's own prefill (MIXED) or KV receive (DECODE) seconds on s."""
         p = self.prep
         k = p.ptype[s]
-        own = p.mix[k][j] if self.roles[s] is Role.MIXED else p.dec[k][j]
-        return own + p.move(j, s)
+        return p.mix[k][j] if self.roles[s] is Role.MIXED else p.dec[k][j]
 
-    def _finish(self, s: int, sum_d: float, max_d: float, occ: float, extra: float, cp: float) -> float:
+    def _extra(self, j: int, s: int) -> float:
+        return self._own(j, s) + self.prep.move(j, s)
+
+    def _q(self, j: int, s: int) -> float:
+        """Q_js in s's current role."""
+        p = self.prep
+        k = p.ptype[s]
+        return p.qd[k][j] if self.roles[s] is Role.DECODE else p.qm[k][j]
+
+    def _finish(self, s: int, sum_d: float, max_d: float, occ: float, extra: float, cp: float, stall: float) -> float:
         p = self.prep
         return self.st[s] + max(p.c[s] * sum_d + p.a[s] * (max_d if max_d > occ else occ) + extra,
-                                cp + p.phic[s] * sum_d)
+                                cp + (p.phic[s] * sum_d + p.phi * stall))
 
     def finish_with(self, j: int, s: int) -> float:
         """T_s if j were added to s."""
         p = self.prep
         k = p.ptype[s]
         d = p.D[j]
+        own = self._own(j, s)
         return self._finish(
             s,
             self.sum_d[s] + d,
             max(self.max_d[s], d),
             self.occ[s] + p.occw[k][j],
-            self.extra[s] + self._extra(j, s),
-            max(self.cp[s], p.cp[k][j]),
+            self.extra[s] + own + p.move(j, s),
+            max(self.cp[s], self._q(j, s)),
+            self.stall[s] + own,
         )
 
     def finish_without(self, j: int) -> float:
@@ -181,9 +200,10 @@ class SlotState:
             return self.st[s]
         d = p.D[j]
         max_d = self.max_d[s] if d < self.max_d[s] else max(p.D[i] for i in rest)
-        cp = self.cp[s] if p.cp[k][j] < self.cp[s] else max(p.cp[k][i] for i in rest)
+        cp = self.cp[s] if self._q(j, s) < self.cp[s] else max(self._q(i, s) for i in rest)
         return self._finish(
-            s, self.sum_d[s] - d, max_d, self.occ[s] - p.occw[k][j], self.extra[s] - self._extra(j, s), cp
+            s, self.sum_d[s] - d, max_d, self.occ[s] - p.occw[k][j], self.extra[s] - self._extra(j, s), cp,
+            self.stall[s] - self._own(j, s),
         )
 
     def add(self, j: int, s: int) -> None:
@@ -195,14 +215,17 @@ class SlotState:
             self.max_d[s] = d
         self.occ[s] += p.occw[k][j]
         self.extra[s] += self._extra(j, s)
-        if p.cp[k][j] > self.cp[s]:
-            self.cp[s] = p.cp[k][j]
+        self.stall[s] += self._own(j, s)
+        q = self._q(j, s)
+        if q > self.cp[s]:
+            self.cp[s] = q
         self.members[s].append(j)
         self.where[j] = s
         self.move_sw += p.move(j, s) * p.tp[s]
         if self.roles[s] is Role.DECODE:
             self.prefill_work += p.P[j]
-        self.finish[s] = self._finish(s, self.sum_d[s], self.max_d[s], self.occ[s], self.extra[s], self.cp[s])
+        self.finish[s] = self._finish(s, self.sum_d[s], self.max_d[s], self.occ[s], self.extra[s], self.cp[s],
+                                      self.stall[s])
 
     def remove(self, j: int) -> None:
         s = self.where[j]
@@ -215,17 +238,19 @@ class SlotState:
             self.prefill_work -= p.P[j]
         rest = self.members[s]
         if not rest:
-            self.sum_d[s] = self.max_d[s] = self.occ[s] = self.extra[s] = self.cp[s] = 0.0
+            self.sum_d[s] = self.max_d[s] = self.occ[s] = self.extra[s] = self.cp[s] = self.stall[s] = 0.0
             self.finish[s] = self.st[s]
             return
         self.sum_d[s] -= p.D[j]
         self.occ[s] -= p.occw[k][j]
         self.extra[s] -= self._extra(j, s)
+        self.stall[s] -= self._own(j, s)
         if p.D[j] >= self.max_d[s]:
             self.max_d[s] = max(p.D[i] for i in rest)
-        if p.cp[k][j] >= self.cp[s]:
-            self.cp[s] = max(p.cp[k][i] for i in rest)
-        self.finish[s] = self._finish(s, self.sum_d[s], self.max_d[s], self.occ[s], self.extra[s], self.cp[s])
+        if self._q(j, s) >= self.cp[s]:
+            self.cp[s] = max(self._q(i, s) for i in rest)
+        self.finish[s] = self._finish(s, self.sum_d[s], self.max_d[s], self.occ[s], self.extra[s], self.cp[s],
+                                      self.stall[s])
 
     def set_role(self, s: int, role: Role) -> None:
         """Change the role of an empty slot."""
@@ -307,16 +332,18 @@ def state_of_partial(prep: Prep, roles: Sequence[Role], jj: np.ndarray, pl: np.n
     sum_d = np.bincount(pl, x.D[jj], minlength=n_s)
     occ = np.bincount(pl, prep.occw_a[kt, jj], minlength=n_s)
     extra = np.bincount(pl, own + move, minlength=n_s)
+    stall = np.bincount(pl, own, minlength=n_s)
     max_d = np.zeros(n_s)
     np.maximum.at(max_d, pl, x.D[jj])
     cp = np.zeros(n_s)
-    np.maximum.at(cp, pl, prep.cp_a[kt, jj])
+    np.maximum.at(cp, pl, np.where(decode, prep.qd_a[kt, jj], prep.qm_a[kt, jj]))
     st = np.asarray(state.st)
-    fin = st + np.maximum(x.c * sum_d + x.a * np.maximum(max_d, occ) + extra, cp + (prep.inst.phi * x.c) * sum_d)
+    fin = st + np.maximum(x.c * sum_d + x.a * np.maximum(max_d, occ) + extra,
+                          cp + ((prep.inst.phi * x.c) * sum_d + prep.phi * stall))
     used = np.bincount(pl, minlength=n_s) > 0
     state.finish = np.where(used, fin, np.asarray(state.finish)).tolist()
     state.sum_d, state.max_d, state.occ = sum_d.tolist(), max_d.tolist(), occ.tolist()
-    state.extra, state.cp = extra.tolist(), cp.tolist()
+    state.extra, state.cp, state.stall = extra.tolist(), cp.tolist(), stall.tolist()
     order = np.argsort(pl, kind="stable")
     bounds = np.searchsorted(pl[order], np.arange(n_s + 1))
     ordered = jj[order].tolist()
