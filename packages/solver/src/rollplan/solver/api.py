@@ -174,6 +174,7 @@ def plan(snapshot: ClusterSnapshot, *, previous: Plan | None = None, config: Pla
     greedy_until = work_until if not exact else min(work_until, t0 + GREEDY_SHARE * config.time_limit)
     arrays = instance_arrays(inst) if inst.trajs else None
     g_roles, g_place, _ = solve_greedy(inst, until=greedy_until, arrays=arrays)
+    greedy_cut = clock() >= greedy_until  # the local search may have stopped on its (shortened) budget
     greedy = _Candidate("greedy", tuple(g_roles), tuple(g_place), SolveStatus.HEURISTIC)
     cands: list[_Candidate] = [greedy]
 
@@ -192,6 +193,12 @@ def plan(snapshot: ClusterSnapshot, *, previous: Plan | None = None, config: Pla
         proven = lower > 0 and greedy.objective <= lower * (1 + config.relative_gap)
         if proven:
             log.info("planner: greedy is within %.2g of the lower bound; %s not run", config.relative_gap, config.backend)
+            if greedy_cut and clock() < work_until:
+                # The exact backend's time is not needed: give it to the greedy search it cut short.
+                r2, p2, _ = solve_greedy(inst, until=work_until, arrays=arrays)
+                again = _Candidate("greedy", tuple(r2), tuple(p2), SolveStatus.HEURISTIC)
+                if again.price(inst) and again.objective < greedy.objective:
+                    cands[0] = greedy = again
     if exact and not proven:
         budget = work_until - clock()
         decision: Decision | None = None
