@@ -799,7 +799,8 @@ def _fluid(prep: _Prep, codes: np.ndarray) -> tuple[float, float]:
 
     Makespan: the water-filling finish of the batch's total work over the decoding slots' start times
     (deadlines cap each slot's window), the PREFILL slots' finish for the DECODE slots' prefill share, and the
-    longest critical paths from the earliest start of a slot type they fit. Objective adds lambda * switching.
+    longest critical paths from the earliest start of a slot type they fit, plus phi times the water level
+    (co-running, see ``instance``). Objective adds lambda * switching.
     """
     inst, x = prep.inst, prep.x
     cfg = inst.config
@@ -836,6 +837,17 @@ def _fluid(prep: _Prep, codes: np.ndarray) -> tuple[float, float]:
                 val = float(st[mask].min()) + prep.top_cp[k]
                 best = np.where(prep.top_fit[k], np.minimum(best, val), best)
         cp = float(best.max())
+        if inst.phi > 0:
+            # The co-running term: the slot of a long trajectory also carries about its share of the batch's
+            # work (the water level above the earliest start), a share phi of which runs in its steps. More
+            # slots lower that share, which the critical paths alone do not show. The level counts all the
+            # work (prefill included) whatever the roles: the model has no prefill queueing at PREFILL slots,
+            # so a P:D split must not look cheaper here than the same slots colocated.
+            with np.errstate(divide="ignore"):
+                all_rates = np.where(tw > 0, 1.0 / np.maximum(tw, 1e-300), np.inf)
+            level = capped_waterfill(st[dec], all_rates[dec], x.deadline[dec], 1.0)
+            if math.isfinite(level):
+                cp += inst.phi * max(0.0, level - float(st[dec].min()))
     ms = max(t_dec, t_pre, cp)
     return ms + cfg.switch_weight * switching, ms
 
