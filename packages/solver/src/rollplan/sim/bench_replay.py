@@ -10,19 +10,21 @@ starts at RL step 4, and rollplan's history prior has seen steps 1-3 (``WARMUP_B
 
 Per trace it reports the throughput ratios rollplan / elastic-colocated, rollplan / formula-pd,
 rollplan / static-colocated and every policy's last-10% share, on the batches all five completed (the
-target's comparison: ``metrics.common_tail_shares``) and on each policy's own batches; and for the 11-hour Bamboo p3 trace the wall
+target's comparison: ``metrics.common_tail_shares``) and on each policy's own batches; and, on those common
+batches, each policy's summed rollout time over a lower bound no policy can beat (``batch_floors``: the
+longest trajectory decoding at batch 1 plus its tool waits), which shows how much any policy could still gain; and for the 11-hour Bamboo p3 trace the wall
 time of the whole five-policy replay and simulator events per second.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rollplan.models.errors import UserInputError
-from rollplan.sim.engine import SimConfig
+from rollplan.sim.engine import SimConfig, SimTraj
 from rollplan.sim.lending import LendingConfig, LendMode
 from rollplan.sim.metrics import common_tail_shares
 from rollplan.sim.policies import POLICY_NAMES, make_policy
@@ -31,6 +33,7 @@ from rollplan.sim.replay import (
     BatchSource,
     ReplayResult,
     Scenario,
+    perf_factory,
     run_replay,
     swebench_bases,
 )
@@ -76,6 +79,33 @@ def bench_scenario(data_dir: Path, trace_name: str, *, bases: Any = None, seed: 
     )
 
 
+def traj_floor(spec: SimTraj, decode_step: Callable[[int, float], float]) -> float:
+    """A lower bound on ``spec``'s rollout time under any policy: every decode token at batch 1 (the fastest
+    step there is, at the context the turn starts with) plus its tool waits between turns (prefill and queueing
+    left out, so the bound is loose)."""
+    ctx = float(spec.prompt_tokens)
+    t = 0.0
+    n = len(spec.decode)
+    for k in range(n):
+        ctx += spec.prefill[k]
+        t += spec.decode[k] * decode_step(1, ctx)
+        ctx += spec.decode[k]
+        if k + 1 < n:
+            t += spec.tool[k]
+    return t
+
+
+def batch_floors(scenario: Scenario, indices: Sequence[int]) -> dict[int, float]:
+    """Replay batch index -> the longest ``traj_floor`` of its trajectories: no policy's rollout of that batch
+    can be shorter (the bench's slots are all one GPU kind at tp 1)."""
+    step = perf_factory(scenario.model, calibrated=scenario.calibrated, config=scenario.sim)(scenario.gpu, 1).decode
+    out = {}
+    for i in indices:
+        specs, _keys = scenario.batches.batch(i + scenario.warmup_batches)
+        out[i] = max((traj_floor(sp, step) for sp in specs), default=0.0)
+    return out
+
+
 def trace_row(name: str, result: ReplayResult) -> dict[str, Any]:
     s = {r.name: r.summary for r in result.runs}
 
@@ -85,6 +115,12 @@ def trace_row(name: str, result: ReplayResult) -> dict[str, Any]:
 
     common = common_tail_shares(s)
     tails = common["mean"]
+    floors = batch_floors(result.scenario, common["batches"])
+    floor_sum = sum(floors.values())
+    over_floor = {}
+    for k, v in s.items():
+        rollout = {b["index"]: b["rollout_s"] for b in v["batches"] if b["rollout_s"] is not None}
+        over_floor[k] = round(sum(rollout[i] for i in floors) / floor_sum, 4) if floor_sum > 0 else None
     rp_tail = tails.get("rollplan")
     others = [v for k, v in tails.items() if k != "rollplan" and v is not None]
     row = {
@@ -96,6 +132,7 @@ def trace_row(name: str, result: ReplayResult) -> dict[str, Any]:
         "tail_share_common": tails,
         "tail_share_common_batches": len(common["batches"]),
         "tail_share_all": {k: v["tail_share"]["mean"] for k, v in s.items()},
+        "rollout_over_floor": over_floor,
         "tokens_per_s": {k: v["throughput_tokens_per_s"] for k, v in s.items()},
         "batches": {k: v["batches_completed"] for k, v in s.items()},
         "replans_rollplan": s.get("rollplan", {}).get("replans", {}).get("count"),

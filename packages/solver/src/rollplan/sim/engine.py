@@ -35,9 +35,13 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from itertools import chain
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -56,6 +60,8 @@ DECODING = frozenset((Role.MIXED, Role.DECODE))
 PENDING, TOOL, WAIT, PREFILL, RUN, MOVE, DONE = range(7)
 STATE_NAMES = ("pending", "tool", "wait", "prefill", "run", "move", "done")
 IN_FLIGHT = frozenset((PREFILL, MOVE))
+# Event kinds the hot paths create, as plain ints (``EventQueue.make`` stores ``int(kind)`` either way).
+_SEG_DONE, _JOIN, _TOOL_DONE = int(EvKind.SEG_DONE), int(EvKind.JOIN), int(EvKind.TOOL_DONE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,23 @@ class SimTraj:
 # --- fast, memoised access to a PerfModel -----------------------------------------------------------------
 
 
+def _flat(specs: Sequence[SimTraj], field: str, dtype: Any, total: int) -> np.ndarray:
+    """``field`` (a per-turn tuple) of every spec, one after the other, as one array of ``total`` entries."""
+    return np.fromiter(chain.from_iterable(map(attrgetter(field), specs)), dtype, total)
+
+
+class FoldIndex(NamedTuple):
+    """Where a spec's segments can end, for one ``fold_tool_s`` (``FastPerf.prime_folds``). Flat arrays over a
+    batch; the spec's turn k is at ``off + k``. ``last``: the last turn a segment starting at turn k can fold in
+    (the first turn from k on whose tool wait exceeds the fold, or the spec's last turn), relative to the spec;
+    ``grow``/``cdec``: prefix sums over the spec's turns 0..k of new + decoded tokens / decoded tokens."""
+
+    last: array[int]
+    grow: array[int]
+    cdec: array[int]
+    off: int
+
+
 class FastPerf:
     """A PerfModel behind tables, so the hot loop does not call it per event.
 
@@ -132,9 +155,12 @@ class FastPerf:
         self.perf = perf
         self.chunk = chunk
         self._dec: dict[tuple[int, int], float] = {}
+        self._dec_lin: dict[tuple[int, int], tuple[float, float]] = {}
         self._pf: dict[tuple[int, int], float] = {}
         self._spec: dict[int, tuple[Any, tuple[float, list[float], list[int]]]] = {}
+        self._folds: dict[float, dict[int, tuple[SimTraj, FoldIndex]]] = {}
         self._grid: list[list[float]] | None = None
+        self._empty_sums = [0.0]  # see _from_empty
         self._grid_np: np.ndarray | None = None
         self.kv_cap = int(perf.kv_capacity_tokens(mem_util))
         self.max_context = max_context
@@ -160,9 +186,12 @@ class FastPerf:
             return 0.0
         x = kv / self.KV_STEP
         i = int(x)
-        lo = self._dec_at(b, i)
-        hi = self._dec_at(b, i + 1)
-        return lo + (hi - lo) * (x - i)
+        # Hot (once per batch change of every slot): one memo lookup of the bucket's (low edge, rise).
+        lin = self._dec_lin.get((b, i))
+        if lin is None:
+            lo = self._dec_at(b, i)
+            lin = self._dec_lin[(b, i)] = (lo, self._dec_at(b, i + 1) - lo)
+        return lin[0] + lin[1] * (x - i)
 
     def _pf_at(self, pi: int, ci: int) -> float:
         key = (pi, ci)
@@ -205,6 +234,13 @@ class FastPerf:
         last = len(g[0]) - 2
         total = 0.0
         done = 0.0
+        if cached == 0 and tokens > ch and isinstance(tokens, int):
+            # A whole context from an empty cache (a re-prefill): every chunk but the last is a full chunk at a
+            # context that depends on its position only, so their running sum (the loop's own additions, in
+            # its order) is memoised; the loop below adds the last chunk.
+            q = (tokens - 1) // ch
+            total = self._from_empty(q)
+            done = float(q * ch)
         while done < tokens:
             n = min(ch, tokens - done)
             c = cached + done
@@ -222,6 +258,29 @@ class FastPerf:
                 total += top + (bot - top) * fy
             done += n
         return total
+
+    def _from_empty(self, q: int) -> float:
+        """What ``prefill``'s loop has added after its first ``q`` chunks when ``cached`` is 0 and more than
+        ``q`` chunks follow: each chunk full (``chunk`` tokens) at context (its index) x ``chunk``. Memoised."""
+        sums = self._empty_sums
+        while len(sums) <= q:
+            # One iteration of prefill's loop body for the chunk at index len(sums) - 1 (n = chunk).
+            c = float((len(sums) - 1) * self.chunk)
+            n = self.chunk
+            g = self._grid or self._table()
+            y = c / self.C_STEP
+            k = int(y)
+            if k >= len(g[0]) - 2:
+                sums.append(sums[-1] + self._chunk(n, c))
+            else:
+                x = n / self.P_STEP
+                i = int(x)
+                fx, fy = x - i, y - k
+                r0, r1 = g[i], g[i + 1]
+                top = r0[k] + (r1[k] - r0[k]) * fx
+                bot = r0[k + 1] + (r1[k + 1] - r0[k + 1]) * fx
+                sums.append(sums[-1] + (top + (bot - top) * fy))
+        return sums[q]
 
     def transfer(self, tokens: float, same_node: bool) -> float:
         i = 0 if same_node else 1
@@ -266,8 +325,8 @@ class FastPerf:
         if not todo:
             return
         lens = [len(sp.decode) for sp in todo]
-        pf = np.fromiter((x for sp in todo for x in sp.prefill), float, sum(lens))
-        dec = np.fromiter((x for sp in todo for x in sp.decode), float, sum(lens))
+        pf = _flat(todo, "prefill", float, sum(lens))
+        dec = _flat(todo, "decode", float, sum(lens))
         lens_a = np.asarray(lens, dtype=np.intp)
         starts = np.cumsum(lens_a) - lens_a
         grow = pf + dec
@@ -286,9 +345,38 @@ class FastPerf:
         base_t = np.repeat(ctok[starts] - tok[starts], lens)
         rel_s = (csec - base_s).tolist()
         rel_t = (ctok - base_t).astype(int).tolist()
-        for n, (sp, a) in enumerate(zip(todo, starts.tolist(), strict=True)):
-            b = a + lens[n]
-            self._spec[id(sp)] = (sp, (float(first[n]), rel_s[a:b], rel_t[a:b]))
+        memo = self._spec
+        for sp, f, a, n in zip(todo, first.tolist(), starts.tolist(), lens, strict=True):
+            memo[id(sp)] = (sp, (f, rel_s[a:a + n], rel_t[a:a + n]))
+
+    def prime_folds(self, specs: Sequence[SimTraj], fold: float) -> dict[int, tuple[SimTraj, FoldIndex]]:
+        """``FoldIndex`` of every spec of ``specs`` for segments folding tool waits <= ``fold`` (vectorised over
+        the batch); returns the memo, keyed by ``id(spec)``, entries (spec, index). Not about performance, but
+        kept here for the same reason as ``spec_prefill``: shared by every policy of a replay."""
+        memo = self._folds.setdefault(fold, {})
+        todo = [sp for sp in specs if id(sp) not in memo]
+        if not todo:
+            return memo
+        lens = [len(sp.decode) for sp in todo]
+        total = sum(lens)
+        pf = _flat(todo, "prefill", np.int64, total)
+        dec = _flat(todo, "decode", np.int64, total)
+        tool = _flat(todo, "tool", float, total)
+        lens_a = np.asarray(lens, dtype=np.intp)
+        starts = np.cumsum(lens_a) - lens_a
+        base = np.repeat(starts, lens_a)
+        is_end = tool > fold
+        is_end[starts + lens_a - 1] = True
+        ends = np.nonzero(is_end)[0]
+        last = ends[np.searchsorted(ends, np.arange(total))] - base  # first turn from k on ending a segment
+        grow = np.cumsum(pf + dec)  # integer prefix sums: exact
+        grow -= np.repeat(grow[starts] - (pf + dec)[starts], lens_a)
+        cdec = np.cumsum(dec)
+        cdec -= np.repeat(cdec[starts] - dec[starts], lens_a)
+        la, ga, ca = (array("q", x.astype(np.int64).tobytes()) for x in (last, grow, cdec))
+        for sp, a in zip(todo, starts.tolist(), strict=True):
+            memo[id(sp)] = (sp, FoldIndex(la, ga, ca, a))
+        return memo
 
     def spec_prefill(self, spec: SimTraj) -> tuple[float, list[float], list[int]]:
         """(first prefill seconds, cum seconds, cum tokens) of ``spec`` on this engine, memoised.
@@ -338,7 +426,9 @@ class SlotState:
         "id",
         "idx",
         "kv_cap",
+        "kv_free",
         "kv_sum",
+        "n_res",
         "n_run",
         "node",
         "perf",
@@ -361,10 +451,11 @@ class SlotState:
         "tp",
         "version",
         "waiting",
+        "watermark",
         "weights",
     )
 
-    def __init__(self, idx: int, slot: Slot, perf: FastPerf) -> None:
+    def __init__(self, idx: int, slot: Slot, perf: FastPerf, watermark: int = 0) -> None:
         self.idx = idx
         self.id = slot.id
         self.gpu = slot.gpu
@@ -373,6 +464,7 @@ class SlotState:
         self.source = slot.source
         self.perf = perf
         self.kv_cap = perf.kv_cap
+        self.watermark = watermark  # KV tokens kept free when admitting a new trajectory (SimConfig)
         self.present = False
         self.presence = 0
         self.role = Role.OFF
@@ -392,6 +484,9 @@ class SlotState:
         self.rho_sum = 0.0
         self.reserved = 0
         self.residents: dict[int, None] = {}
+        # Kept equal to kv_cap - reserved and len(residents) on every change (read by placement scans).
+        self.kv_free = self.kv_cap
+        self.n_res = 0
         self.waiting: list[int] = []
         self.pf_busy = 0.0
         self.rho_remote = 0.0  # DECODE slot: prefill seconds per decode step its members need from PREFILL slots
@@ -399,10 +494,6 @@ class SlotState:
         self.pf_jobs: dict[int, int] = {}
         self.cat = ""
         self.cat_since = 0.0
-
-    @property
-    def kv_free(self) -> int:
-        return self.kv_cap - self.reserved
 
     def ready(self, now: float) -> bool:
         return self.present and self.ready_at <= now
@@ -541,6 +632,21 @@ class Driver(Protocol):
 
 # --- the simulator -----------------------------------------------------------------------------------------
 
+_new_tuple = tuple.__new__
+
+
+class _Queue(EventQueue):
+    """``EventQueue`` whose ``make`` builds the ``Event`` without the named tuple's Python-level constructor
+    (a replay makes over a million events): the same events, the same ``seq`` counter."""
+
+    __slots__ = ()
+
+    def make(self, time: float, kind: EvKind | int, a: int = 0, b: int = 0) -> Event:
+        self._seq += 1
+        return _new_tuple(Event, (time, int(kind), self._seq, a, b))
+
+
+
 
 class Simulator:
     """One policy's replay. Build, then ``run()``; read ``recorder`` afterwards."""
@@ -564,7 +670,7 @@ class Simulator:
         self.policy = policy
         self.driver = driver
         self.perf_for = perf_for
-        self.q = EventQueue()
+        self.q = _Queue()
         self.now = 0.0
         self.end_time = end_time
         self.replan_interval_s = replan_interval_s
@@ -598,13 +704,18 @@ class Simulator:
         self.pool_load = 0.0  # prefill-seconds per second the DECODE slots' folded turns ask of the pool
         self._pool_key = -1
         self._pool_n = 0
+        self._pf_slots_key = -1
+        self._pf_slots: list[SlotState] = []
         self.slot_epoch = 0  # bumped whenever a slot's role, readiness, presence or return deadline changes
+        self._fold = config.fold_tool_s
+        self._folds: dict[int, tuple[SimTraj, FoldIndex]] = {}  # id(spec) -> FoldIndex (see _plan_segment)
 
     # -- setup / main loop -------------------------------------------------------------------------------
     def _add_slot(self, slot: Slot) -> SlotState:
         idx = self.slot_index.get(slot.id)
         if idx is None:
-            s = SlotState(len(self.slots), slot, self.perf_for(slot.gpu, slot.tp))
+            perf = self.perf_for(slot.gpu, slot.tp)
+            s = SlotState(len(self.slots), slot, perf, int(self.cfg.admit_watermark * perf.kv_cap))
             self.slots.append(s)
             self.slot_index[slot.id] = s.idx
         else:
@@ -628,6 +739,7 @@ class Simulator:
         s.heap.clear()
         s.n_run, s.kv_sum, s.rho_sum, s.reserved = 0, 0.0, 0.0, 0
         s.residents.clear()
+        s.kv_free, s.n_res = s.kv_cap, 0
         s.waiting.clear()
         s.pf_busy = self.now
         s.rho_remote = 0.0
@@ -647,7 +759,7 @@ class Simulator:
             q.push(q.make(ev.time, EvKind.AVAIL, i, 0))
         self.policy.attach(self)
         q.push_all(self.driver.start(self))
-        handlers: dict[int, Callable[[Event], list[Event]]] = {
+        by_kind: dict[int, Callable[[Event], list[Event]]] = {
             EvKind.SEG_DONE: self._on_seg_done,
             EvKind.JOIN: self._on_join,
             EvKind.TOOL_DONE: self._on_tool_done,
@@ -658,6 +770,7 @@ class Simulator:
             EvKind.BATCH_START: self._on_driver,
             EvKind.REPLAN: self._on_replan_tick,
         }
+        handlers = [by_kind[k] for k in sorted(by_kind)]  # indexed by kind (the values are 0..8)
         end = self.end_time
         heap = q._heap
         pop = heapq.heappop
@@ -665,15 +778,18 @@ class Simulator:
         n = 0
         while heap and not self.stopped:
             ev = heap[0]
-            if ev.time > end:
+            t = ev[0]  # Event fields by position in this loop: (time, kind, seq, a, b)
+            if t > end:
                 break
             pop(heap)
-            self.now = ev.time
-            for e in handlers[ev.kind](ev):
+            self.now = t
+            for e in handlers[ev[1]](ev):
                 push(heap, e)
             n += 1
-            if heap and heap[0].time <= self.now:
+            if heap and heap[0][0] <= t:
                 continue  # more at this instant: settle once, after all of them
+            if self._replan_reason is None and not (self._dirty or self._pool_dirty or self._out):
+                continue  # nothing to settle (most instants): skip the call
             for e in self._settle():
                 push(heap, e)
         self.n_events = n
@@ -766,13 +882,17 @@ class Simulator:
             s.t_ref = t
 
     def _retau(self, s: SlotState) -> None:
-        if s.n_run <= 0:
+        """Recompute s's decode step time (and its load on the prefill pool) from its running set. Every change
+        of ``n_run``/``kv_sum``/``rho_sum``/``rho_remote`` is followed by a call, so a call without such a
+        change is a no-op."""
+        n = s.n_run
+        if n <= 0:
             s.n_run, s.kv_sum, s.rho_sum, s.rho_remote = 0, 0.0, 0.0, 0.0
             s.tau = math.inf
             c = 0.0
         else:
-            s.tau = s.perf.decode(s.n_run, s.kv_sum / s.n_run) + s.rho_sum
-            c = s.rho_remote / s.tau if s.rho_remote > 0 else 0.0
+            tau = s.tau = s.perf.decode(n, s.kv_sum / n) + s.rho_sum
+            c = s.rho_remote / tau if s.rho_remote > 0 else 0.0
         if c != s.pool_c:
             self.pool_load = max(0.0, self.pool_load + c - s.pool_c)
             s.pool_c = c
@@ -793,21 +913,22 @@ class Simulator:
         h = s.heap
         trajs = self.trajs
         while h:
-            _fv, _seq, j, ep = h[0]
-            t = trajs[j]
-            if t.epoch == ep and t.state == RUN:
+            e = h[0]  # (finish V, seq, trajectory, epoch)
+            t = trajs[e[2]]
+            if t.epoch == e[3] and t.state == RUN:
                 break
             heapq.heappop(h)
         if not h or not s.n_run:
             s.version += 1
             s.sched_t = math.inf
             return []
-        t_next = s.t_ref + max(0.0, h[0][0] - s.V) * s.tau
+        steps = h[0][0] - s.V
+        t_next = s.t_ref + (steps if steps > 0.0 else 0.0) * s.tau  # = max(0.0, steps), without the call
         if t_next >= s.sched_t:
             return []
         s.version += 1
         s.sched_t = t_next
-        return [self.q.make(t_next, EvKind.SEG_DONE, s.idx, s.version)]
+        return [self.q.make(t_next, _SEG_DONE, s.idx, s.version)]
 
     def _stall(self, s: SlotState, seconds: float) -> None:
         """Pause the slot's batch for ``seconds`` from now (switching)."""
@@ -822,10 +943,12 @@ class Simulator:
                 self._release(j)
             s.reserved += tokens
             s.residents[j.idx] = None
+            s.n_res = len(s.residents)
             j.slot = s.idx
             self._admit += 1
             j.admit_seq = self._admit
         j.reserved = tokens
+        s.kv_free = s.kv_cap - s.reserved
 
     def _release(self, j: TrajState) -> None:
         """Free j's KV reservation on its slot (j keeps nothing there)."""
@@ -833,6 +956,7 @@ class Simulator:
             s = self.slots[j.slot]
             s.reserved -= j.reserved
             s.residents.pop(j.idx, None)
+            s.kv_free, s.n_res = s.kv_cap - s.reserved, len(s.residents)
             if j.idx in s.waiting:
                 s.waiting.remove(j.idx)
             self._dirty = True
@@ -855,10 +979,29 @@ class Simulator:
         ctx_end = ctx0 + math.ceil(dec)
         if ctx_end > room:
             return None
+        hit = self._folds.get(id(j.spec)) if j.dec_done == 0.0 else None
+        if hit is not None and hit[0] is j.spec:
+            # Fast path (a turn not started yet, whose spec was indexed at batch start): the same segment as
+            # the walk below, found from prefix sums: the last turn m <= idx.last[k] whose context still fits
+            # ``room`` (contexts only grow along the turns); decode tokens summed exactly as integers. Only
+            # the folded tool seconds are still added one by one, in the walk's order (float sums).
+            idx = hit[1]
+            off = idx.off
+            grow = idx.grow
+            m = idx.last[off + k]
+            if m > k:
+                limit = room - ctx_end + grow[off + k]  # turns up to m fit while grow[off + m] <= limit
+                if grow[off + m] > limit:
+                    m = bisect_right(grow, limit, off + k, off + m) - 1 - off
+                ctx_end += grow[off + m] - grow[off + k]
+            w = 0.0
+            for x in tool[k:m]:
+                w += x
+            return p0, cached, m, idx.cdec[off + m] - idx.cdec[off + k] + dec_[k], w, ctx0, ctx_end
         d = dec
         w = 0.0
         m = k
-        fold = self.cfg.fold_tool_s
+        fold = self._fold
         n = j.n
         while m + 1 < n and tool[m] <= fold:
             nxt = ctx_end + pf[m + 1] + dec_[m + 1]
@@ -870,40 +1013,35 @@ class Simulator:
             m += 1
         return p0, cached, m, int(d) if d == int(d) else d, w, ctx0, ctx_end  # type: ignore[return-value]
 
-    def _later_prefill(self, j: TrajState, perf: FastPerf, k: int, m: int) -> tuple[float, int]:
-        """(prefill seconds, prefilled tokens) of turns k+1..m's new tokens over their natural contexts."""
-        if m <= k:
-            return 0.0, 0
-        _first, cum, cum_tok = perf.spec_prefill(j.spec)
-        return cum[m] - cum[k], cum_tok[m] - cum_tok[k]
-
-    def _first_prefill(self, j: TrajState, perf: FastPerf, p0: int, cached: int) -> float:
-        """Seconds to prefill ``p0`` tokens over ``cached`` before j's next decode (memoised common cases)."""
-        if p0 <= 0:
-            return 0.0
-        k = j.turn
-        if cached == 0 and k == 0 and not j.pf_done:
-            return perf.spec_prefill(j.spec)[0]
-        if cached and k > 0 and not j.pf_done and p0 == j.pf[k]:
-            cum = perf.spec_prefill(j.spec)[1]
-            return cum[k] - cum[k - 1]
-        return perf.prefill(p0, cached)
-
     def _prefill_slot(self, work: float) -> SlotState | None:
         """The PREFILL slot that would finish ``work`` seconds of prefill first (FCFS queue + background)."""
+        if self._pf_slots_key != self.slot_epoch:
+            # Slots that were PREFILL when the slot epoch last changed, in ``live`` order. A slot only turns
+            # PREFILL or joins ``live`` with an epoch bump, so this holds every present PREFILL slot; the
+            # role test below drops one that left PREFILL since (its epoch bump may come later).
+            self._pf_slots_key = self.slot_epoch
+            self._pf_slots = [s for s in self.live if s.role is Role.PREFILL]
         best = None
         best_t = math.inf
         now = self.now
-        for s in self.live:
+        dt: float | None = None
+        for s in self._pf_slots:
             if s.role is Role.PREFILL:
-                t = max(now, s.pf_busy, s.ready_at) + work / self._pool_free()
+                if dt is None:
+                    dt = work / self._pool_free()  # the same for every slot of the loop
+                t = now  # max(now, s.pf_busy, s.ready_at) without the call
+                if s.pf_busy > t:
+                    t = s.pf_busy
+                if s.ready_at > t:
+                    t = s.ready_at
+                t += dt
                 if t < best_t:
                     best, best_t = s, t
         return best
 
     def _try_start(self, j: TrajState, s: SlotState) -> list[Event]:
         """j (ready to run its next turn) on s: join, queue for prefill, or wait for KV."""
-        if not s.present or not s.role.decodes:
+        if not s.present or s.role not in DECODING:
             return self._displace(j, lose_kv=True)
         if s.ready_at > self.now:
             if j.slot != s.idx:
@@ -915,7 +1053,7 @@ class Simulator:
         own = j.reserved if j.slot == s.idx else 0
         room = s.kv_cap - s.reserved + own
         if j.slot != s.idx:
-            room -= int(self.cfg.admit_watermark * s.kv_cap)
+            room -= s.watermark
         seg = self._plan_segment(j, s, room)
         while seg is None and j.slot == s.idx:
             victim = self._victim(s, j.idx)
@@ -962,9 +1100,25 @@ class Simulator:
         k = j.turn
         j.seg_k, j.seg_m, j.seg_D, j.seg_W = k, m, float(d), w
         j.seg_ctx0, j.seg_ctx_end, j.seg_dec0 = ctx0, ctx_end, j.dec_done
-        later_s, later_tok = self._later_prefill(j, perf, k, m)
+        # Prefill seconds of the folded later turns' new tokens (over their natural contexts), then of the first
+        # prefill before j's next decode step; the common cases from j's memoised turn prices (one lookup).
+        prices = None
+        if m > k:
+            prices = perf.spec_prefill(j.spec)
+            cum, cum_tok = prices[1], prices[2]
+            later_s, later_tok = cum[m] - cum[k], cum_tok[m] - cum_tok[k]
+        else:
+            later_s, later_tok = 0.0, 0
+        if p0 <= 0:
+            first = 0.0
+        elif cached == 0 and k == 0 and not j.pf_done:
+            first = (prices or perf.spec_prefill(j.spec))[0]
+        elif cached and k > 0 and not j.pf_done and p0 == j.pf[k]:
+            cum = (prices or perf.spec_prefill(j.spec))[1]
+            first = cum[k] - cum[k - 1]
+        else:
+            first = perf.prefill(p0, cached)
         if s.role is Role.DECODE:
-            first = self._first_prefill(j, perf, p0, cached)
             ps = self._prefill_slot(first)
             if ps is not None:
                 # The folded later turns' prefill runs on the PREFILL pool while j decodes: a fluid load of
@@ -990,7 +1144,7 @@ class Simulator:
                 j.kv_ok = True
                 return self._join(j, s)
             # no PREFILL slot: the DECODE slot prefills itself, as a MIXED one
-        f = later_s + self._first_prefill(j, perf, p0, cached)
+        f = later_s + first
         j.seg_rho = f / j.seg_D if j.seg_D > 0 else 0.0
         if p0 or later_tok:
             rec = self.recorder
@@ -1004,19 +1158,24 @@ class Simulator:
         return self._join(j, s)
 
     def _join(self, j: TrajState, s: SlotState) -> list[Event]:
-        self._rebase(s, self.now)
+        now = self.now
+        if now > s.t_ref:  # self._rebase(s, now), inlined (hot)
+            if s.n_run:
+                s.V += (now - s.t_ref) / s.tau
+            s.t_ref = now
         j.pf_done = True
         j.state = RUN
-        j.epoch = self._new_epoch()
-        j.seg_V0 = s.V
-        j.seg_t0 = self.now
-        j.seg_kv = (j.seg_ctx0 + j.seg_ctx_end) * 0.5
+        self._epoch += 1  # self._new_epoch(), inlined
+        ep = j.epoch = self._epoch
+        v0 = j.seg_V0 = s.V
+        j.seg_t0 = now
+        kv = j.seg_kv = (j.seg_ctx0 + j.seg_ctx_end) * 0.5
         s.n_run += 1
-        s.kv_sum += j.seg_kv
+        s.kv_sum += kv
         s.rho_sum += j.seg_rho
         s.rho_remote += j.seg_rrho
         self._retau(s)
-        heapq.heappush(s.heap, (s.V + j.seg_D, j.epoch, j.idx, j.epoch))
+        heapq.heappush(s.heap, (v0 + j.seg_D, ep, j.idx, ep))
         return self._reschedule(s)
 
     def _leave_batch(self, j: TrajState, s: SlotState) -> None:
@@ -1089,9 +1248,10 @@ class Simulator:
     def _go_tool(self, j: TrajState, seconds: float) -> list[Event]:
         j.owed_tool = 0.0
         j.state = TOOL
-        j.epoch = self._new_epoch()
-        j.tool_until = self.now + seconds
-        return [self.q.make(self.now + seconds, EvKind.TOOL_DONE, j.idx, j.epoch)]
+        self._epoch += 1  # self._new_epoch(), inlined
+        j.epoch = self._epoch
+        until = j.tool_until = self.now + seconds
+        return [self.q.make(until, _TOOL_DONE, j.idx, j.epoch)]
 
     def _complete(self, j: TrajState) -> list[Event]:
         j.state = DONE
@@ -1123,29 +1283,39 @@ class Simulator:
 
     # -- handlers -------------------------------------------------------------------------------------------
     def _on_seg_done(self, ev: Event) -> list[Event]:
-        s = self.slots[ev.a]
-        if ev.b != s.version or not s.present:
+        s = self.slots[ev[3]]  # (time, kind, seq, slot index, slot version)
+        if ev[4] != s.version or not s.present:
             return []
         s.sched_t = math.inf
-        self._rebase(s, self.now)
+        now = self.now
+        if now > s.t_ref:  # self._rebase(s, now), inlined (hot)
+            if s.n_run:
+                s.V += (now - s.t_ref) / s.tau
+            s.t_ref = now
         out: list[Event] = []
         h = s.heap
         trajs = self.trajs
+        pop = heapq.heappop
         freed = False
         done: list[TrajState] = []
         # Entries within a microsecond of their finish count as done (rounding of V = V0 + dt / tau).
-        horizon = s.V + (1e-6 / s.tau if s.n_run and s.tau > 0 else 0.0) + 1e-9 * s.V
+        v = s.V
+        horizon = v + (1e-6 / s.tau if s.n_run and s.tau > 0 else 0.0) + 1e-9 * v
         while h:
-            fv, _seq, jdx, ep = h[0]
-            j = trajs[jdx]
-            if j.epoch != ep or j.state != RUN:
-                heapq.heappop(h)
+            e = h[0]  # (finish V, seq, trajectory, epoch)
+            j = trajs[e[2]]
+            if j.epoch != e[3] or j.state != RUN:
+                pop(h)
                 continue
-            if fv > horizon:
+            if e[0] > horizon:
                 break
-            heapq.heappop(h)
+            pop(h)
             self._leave_batch(j, s)
             done.append(j)
+        if not done:
+            # Fired early (a join slowed the slot down since it was scheduled): nothing left the running set,
+            # so _retau would be a no-op; only re-arm.
+            return self._reschedule(s)
         self._retau(s)
         rec = self.recorder
         for j in done:
@@ -1174,8 +1344,8 @@ class Simulator:
         return out
 
     def _on_join(self, ev: Event) -> list[Event]:
-        j = self.trajs[ev.a]
-        if j.epoch != ev.b:
+        j = self.trajs[ev[3]]  # (time, kind, seq, trajectory, epoch)
+        if j.epoch != ev[4]:
             return []
         s = self.slots[j.slot] if j.slot >= 0 else None
         if s is None or not s.present:
@@ -1195,8 +1365,8 @@ class Simulator:
         return []
 
     def _on_tool_done(self, ev: Event) -> list[Event]:
-        j = self.trajs[ev.a]
-        if j.epoch != ev.b or j.state != TOOL:
+        j = self.trajs[ev[3]]  # (time, kind, seq, trajectory, epoch)
+        if j.epoch != ev[4] or j.state != TOOL:
             return []
         if j.final:
             return self._complete(j)
@@ -1312,7 +1482,7 @@ class Simulator:
         j.pf_start = start
         ps.pf_jobs[j.idx] = j.epoch
         t_join = done + ps.perf.transfer(j.pf_tokens, ps.node == self.slots[j.slot].node)
-        return [self.q.make(t_join, EvKind.JOIN, j.idx, j.epoch)]
+        return [self.q.make(t_join, _JOIN, j.idx, j.epoch)]
 
     def _rebalance_pool(self) -> list[Event]:
         """The PREFILL slots changed: their not-yet-started jobs form one FCFS queue again, re-dealt over the
@@ -1389,6 +1559,8 @@ class Simulator:
         self.trajs = [TrajState(i, sp, index, keys[i]) for i, sp in enumerate(specs)]
         for perf in {id(s.perf): s.perf for s in self.slots}.values():
             perf.prime(specs)
+        if self.slots:
+            self._folds = self.slots[0].perf.prime_folds(specs, self._fold)
         self.pending = []
         self.n_pending = 0
         self._phead = 0
@@ -1589,7 +1761,8 @@ class Simulator:
         return self.free_for_new(s) >= self.need_new(j)
 
     def free_for_new(self, s: SlotState) -> int:
-        return s.kv_cap - s.reserved - int(self.cfg.admit_watermark * s.kv_cap)
+        """KV tokens a new admission may take on ``s`` (free KV minus the admission watermark)."""
+        return s.kv_cap - s.reserved - s.watermark
 
     def decode_slots(self) -> list[SlotState]:
         """Present slots whose role decodes and that are usable now."""

@@ -21,8 +21,10 @@ import logging
 import math
 import random
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -53,28 +55,31 @@ def truncate_sim(t: SimTraj, max_context: int) -> SimTraj:
     if t.prompt_tokens + sum(pf) + sum(dec) <= max_context:
         return t
     prompt = t.prompt_tokens if t.prompt_tokens < max_context else max_context // 2
-    ctx = prompt
-    op: list[int] = []
-    od: list[int] = []
-    ot: list[float] = []
-    for k in range(len(dec)):
-        p = pf[k]
-        if ctx + p >= max_context:
-            if k > 0:
-                break
-            p = max_context - ctx - 1
-        ctx += p
-        room = max_context - ctx
-        if dec[k] > room:
-            op.append(p)
-            od.append(room)
-            ot.append(0.0)
-            break
-        op.append(p)
-        od.append(dec[k])
-        ot.append(tool[k])
-        ctx += dec[k]
-    return SimTraj(t.id, t.group, prompt, tuple(op), tuple(od), tuple(ot), t.source)
+    n = len(dec)
+    if not n:
+        return SimTraj(t.id, t.group, prompt, pf, dec, tool, t.source)
+    # Turn 0's new tokens are cut (not dropped) when they leave no room.
+    p_first = pf[0] if prompt + pf[0] < max_context else max_context - prompt - 1
+    # The context after each prefill and after each decode, in turn order: x_0 <= y_0 <= x_1 <= y_1 ... (token
+    # counts are >= 0). The first x_k >= max_context (k >= 1) drops turn k on; the first y_k > max_context cuts
+    # turn k's decode; whichever comes first, found by bisection instead of a walk over the turns.
+    steps = [0] * (2 * n)
+    steps[0::2] = pf
+    steps[1::2] = dec
+    steps[0] = prompt + p_first
+    cum = list(accumulate(steps))
+    i = bisect_left(cum, max_context)
+    if i < 2 * n and i % 2 and cum[i] == max_context:
+        i += 1  # turn i // 2 fills the context exactly: whole, and the next turn (if any) is dropped
+    k = i // 2
+    kept_pf = (p_first, *pf[1:k]) if k else ()
+    if i >= 2 * n:
+        return SimTraj(t.id, t.group, prompt, (p_first, *pf[1:]), dec, tool, t.source)
+    if i % 2 == 0:  # x_k: turn k's new tokens leave no room
+        return SimTraj(t.id, t.group, prompt, kept_pf, dec[:k], tool[:k], t.source)
+    room = max_context - cum[i - 1]  # y_k: turn k's decode overflows, cut to the room left, no tool call
+    return SimTraj(t.id, t.group, prompt, (*kept_pf, p_first if k == 0 else pf[k]), (*dec[:k], room),
+                   (*tool[:k], 0.0), t.source)
 
 
 def vary_fast(
@@ -121,23 +126,30 @@ def vary_group(
     (batches hold thousands of trajectories); each cut to ``max_context`` when given."""
     v = variation
     m0 = len(base.decode)
-    idxs: list[list[int]] = []
-    targets = rng.lognormal(0.0, v.turns_sigma, n) if (m0 > 1 and v.turns_sigma > 0) else None
-    for s in range(n):
+    flat: list[int] = []  # every sample's turn indices, one after the other
+    lens: list[int] = []
+    if m0 > 1 and v.turns_sigma > 0:
+        targets = [max(1, round(m0 * x)) for x in rng.lognormal(0.0, v.turns_sigma, n).tolist()]
+    else:
+        targets = [m0] * n
+    # The inserted turns of every sample in one draw: the stream is the same as one draw per sample of
+    # (target - m0, 2) integers in sample order (bounds 2^30 never reject, pairs use whole 64-bit words).
+    extra = sum(x - m0 for x in targets if x > m0)
+    picks = rng.integers(0, 1 << 30, (extra, 2)).tolist() if extra else []
+    used = 0
+    for target in targets:
         idx = list(range(m0))
-        if targets is not None:
-            target = max(1, round(m0 * float(targets[s])))
-            if target < m0:
-                idx = [*idx[: target - 1], idx[-1]]
-            elif target > m0:
-                pool = idx[1:-1] or idx[:-1]
-                picks = rng.integers(0, 1 << 30, (target - m0, 2))
-                for a, b in picks.tolist():
-                    idx.insert(1 + a % (len(idx) - 1), pool[b % len(pool)])
-        idxs.append(idx)
-    lens = [len(i) for i in idxs]
-    total = sum(lens)
-    ii = np.fromiter((x for idx in idxs for x in idx), int, total)
+        if target < m0:
+            idx = [*idx[: target - 1], idx[-1]]
+        elif target > m0:
+            pool = idx[1:-1] or idx[:-1]
+            for a, b in picks[used:used + target - m0]:
+                idx.insert(1 + a % (len(idx) - 1), pool[b % len(pool)])
+            used += target - m0
+        flat.extend(idx)
+        lens.append(len(idx))
+    total = len(flat)
+    ii = np.array(flat, dtype=int)
     p = np.asarray(base.prefill, dtype=float)[ii]
     d = np.asarray(base.decode, dtype=float)[ii]
     w = np.asarray(base.tool, dtype=float)[ii]
@@ -148,14 +160,19 @@ def vary_group(
     lens_a = np.asarray(lens, dtype=np.intp)
     starts = np.cumsum(lens_a) - lens_a
     pv[starts] = base.prefill[0]
-    dv = np.maximum(1, np.rint(d * np.repeat(scale, lens) * jd)).astype(int).tolist()
+    dv_a = np.maximum(1, np.rint(d * np.repeat(scale, lens) * jd)).astype(int)
+    # Samples that fit max_context come back from truncate_sim unchanged: find them with one exact integer sum
+    # per sample instead of a Python sum each.
+    fits = ([True] * n if max_context is None
+            else (base.prompt_tokens + np.add.reduceat(pv + dv_a, starts) <= max_context).tolist())
+    dv = dv_a.tolist()
     wv = np.round(w * jt, 3).tolist()
     pl = pv.tolist()
     out = []
     for s, a in enumerate(starts.tolist()):
         b = a + lens[s]
         t = SimTraj(ids[s], group, base.prompt_tokens, tuple(pl[a:b]), tuple(dv[a:b]), tuple(wv[a:b]), base.source)
-        out.append(truncate_sim(t, max_context) if max_context is not None else t)
+        out.append(t if fits[s] or max_context is None else truncate_sim(t, max_context))
     return out
 
 
