@@ -13,7 +13,8 @@ its policy API (``set_role``, ``migrate``, ``order``/``choose_slot`` for dispatc
   (no switching-cost awareness); FCFS; least-loaded placement on DECODE slots; recompute on preemption.
 - ``rollplan``: ``rollplan.solver.plan`` on a snapshot with predicted lengths (``rollplan.sim.predict``);
   applies roles, engine starts and migrations of the plan; longest-predicted-first dispatch following the
-  plan's placement, admitting a new trajectory only where ``kv_headroom`` of the KV stays free. See ``RollplanPolicy``.
+  plan's placement, admitting a new trajectory only where ``kv_headroom`` of the KV stays free. See
+  ``RollplanPolicy``.
 
 Re-invocation: on every availability event, at batch start and every ``replan_interval_s`` (the simulator
 calls ``on_replan``); dispatch (``order`` + ``choose_slot``) runs whenever capacity frees up.
@@ -533,12 +534,28 @@ class RollplanPolicy(BasePolicy):
                 heapq.heappop(h)
 
     def choose_slot(self, sim: Simulator, j: int) -> int | None:
+        """The plan's slot for j if it takes j now, else the least-loaded (fewest trajectories, then most free
+        KV) usable slot that does. "Takes j" keeps ``kv_headroom`` of the slot's KV free after admitting j, for
+        the next turns of the trajectories already there: without it a resident coming back from a tool call
+        finds no room and is preempted (its whole context re-prefilled later), which the engine's 1%
+        watermark alone does not prevent."""
         t = sim.trajs[j]
+        need = sim.need_new(t)
+        h = self.kv_headroom
         if t.preferred >= 0:
             s = sim.slots[t.preferred]
-            if s.present and s.role in DECODING and s.ready_at <= sim.now and sim.fits_new(s, t):
+            if (s.present and s.role in DECODING and s.ready_at <= sim.now
+                    and sim.free_for_new(s) - need >= h * s.kv_cap):
                 return s.idx
-        return super().choose_slot(sim, j)
+        best = None
+        best_key = (0, 0)
+        for s in self.candidates(sim):
+            if sim.free_for_new(s) - need < h * s.kv_cap:
+                continue
+            key = (s.n_res, -s.kv_free)
+            if best is None or key < best_key:
+                best, best_key = s.idx, key
+        return best
 
     def warm_start(self, history: Sequence[tuple[Any, str]]) -> None:
         """Observe finished trajectories of earlier RL steps (the job ran before the replay window)."""

@@ -66,6 +66,9 @@ LARGE = 6000
 """Above this many (trajectory x slot type) pairs only the two best-estimated configurations are placed."""
 SMALL = 2000
 """Up to this many (trajectory x configuration) pairs every scored configuration is placed for real."""
+STALL_GAIN = 1e-3
+"""A target-search round gaining less than this share of the objective ends the search (with the
+co-running term the lower bound is often unreachable, and bisecting towards it only spends time)."""
 CODE_ROLE = {0: Role.OFF, 1: Role.MIXED, 2: Role.PREFILL, 3: Role.DECODE}
 LONGEST = 32
 """Longest trajectories whose critical paths the fluid estimate checks."""
@@ -966,8 +969,11 @@ def _place_searching(
             break
         ms = _makespan(state)
         obj = state.objective()[1]
+        gained = best_obj - obj
         if obj < best_obj:
             best, best_obj = state, obj
+        if r > 0 and gained < STALL_GAIN * best_obj:
+            break  # the last two targets changed little: the bound is likely out of reach, not the plan
         if ms <= target * (1 + 1e-3):
             hi = target
         else:
@@ -1035,8 +1041,8 @@ def solve_greedy(
         if best is not None and best[0] < cfg.estimate * (1 - 1e-9) and cfg.name in ("usable", "all"):
             break  # last resorts are only for when nothing better hosts the batch
         state = _place_searching(prep, cfg, lower, rounds=rounds, until=until)
-        one_config = max(one_config, clock() - t_config)
         if state is None:
+            one_config = max(one_config, clock() - t_config)
             log.debug("greedy: configuration %s cannot host every trajectory", cfg.name)
             continue
         # Share what is left of the budget between the configurations still to place.
@@ -1044,6 +1050,9 @@ def solve_greedy(
         improve(inst, state, until=share, clock=clock)
         go_home(inst, state)
         roles, objective = state.objective()
+        # What one configuration costs, end to end (placement, search, homing, pricing): the next one starts
+        # only if that much time is left.
+        one_config = max(one_config, clock() - t_config)
         n_moves = sum(1 for j, h in enumerate(prep.home) if h >= 0 and h != state.where[j])
         if best is None or (objective, n_moves) < (best[0], best[1]):
             best = (objective, n_moves, roles, list(state.where))
