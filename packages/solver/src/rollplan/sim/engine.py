@@ -646,8 +646,6 @@ class _Queue(EventQueue):
         return _new_tuple(Event, (time, int(kind), self._seq, a, b))
 
 
-
-
 class Simulator:
     """One policy's replay. Build, then ``run()``; read ``recorder`` afterwards."""
 
