@@ -21,9 +21,9 @@ class PlannerConfig:
     ``switch_weight`` (lambda): objective weight of one switching GPU-second against one second of makespan.
     ``perf``: maps (gpu kind, tp) to a PerfModel; None = roofline presets for the snapshot's model
     (calibrated fits when ``calibrated``). ``clock``: injected monotonic clock used only to honour the time
-    limit (the planner reads no clock of its own; tests inject a fake one). ``co_decode`` (phi, in [0, 1]): the
+    limit (the planner reads no clock of its own; tests inject a fake one). ``co_running`` (phi, in [0, 1]): the
     share of a slot's other decode tokens that lengthen its critical trajectory's path (see ``instance``
-    Notations); None = estimated per instance (``co_decode_share``), 0 = each trajectory's path at batch 1.
+    Notations); None = estimated per instance (``co_running_share``), 0 = each trajectory's path at batch 1.
     """
 
     backend: str = "milp"
@@ -39,10 +39,10 @@ class PlannerConfig:
     exact_max_trajectories: int = 64
     role_switch_seconds: float = 0.05
     deadline_penalty: float = 1e4
-    co_decode: float | None = None
+    co_running: float | None = None
     clock: Callable[[], float] = time.perf_counter
 
     def __post_init__(self) -> None:
-        if self.co_decode is not None and not 0.0 <= self.co_decode <= 1.0:
-            raise UserInputError(f"PlannerConfig.co_decode={self.co_decode!r} is outside [0, 1]",
+        if self.co_running is not None and not 0.0 <= self.co_running <= 1.0:
+            raise UserInputError(f"PlannerConfig.co_running={self.co_running!r} is outside [0, 1]",
                                  fix="pass a share in [0, 1], or None to estimate it per snapshot")

@@ -26,7 +26,7 @@ Notations (times in seconds relative to the snapshot time, tokens in tokens):
                 when the KV is lost, in which case the recompute is already in P_j)
   d_s           deadline of slot s (return_by - time), or None
   lam           switch_weight: objective weight of one switching GPU-second
-  phi           co-running share (``PlannerConfig.co_decode``; estimated per instance by ``co_decode_share``):
+  phi           co-running share (``PlannerConfig.co_running``; estimated per instance by ``co_running_share``):
                 the share of the other trajectories' work on a slot that falls in decode steps of its critical
                 trajectory: each of their decode tokens adds c_s to such a step, each second of their prefill
                 (MIXED) or KV receive (DECODE), e_ks, stalls it. Both lengthen j's own path.
@@ -242,7 +242,7 @@ class Instance:
     ``TrajCoeffs`` when built by hand). ``arrays``: the same numbers as numpy vectors, always derived from
     ``slots``, ``trajs`` and ``config`` (so ``dataclasses.replace`` keeps them consistent). ``unfinished``:
     the snapshot's unfinished trajectories in ``trajs`` order, when known (``build_instance``), else None.
-    ``phi``: the co-decode share (Notations); 0 (a trajectory's path at batch 1) unless set.
+    ``phi``: the co-running share (Notations); 0 (a trajectory's path at batch 1) unless set.
     """
 
     snapshot: ClusterSnapshot
@@ -587,19 +587,19 @@ def build_instance(snapshot: ClusterSnapshot, config: PlannerConfig) -> Instance
         kv_bytes_per_token=spec.kv_bytes_per_token,
         unfinished=unfinished,
     )
-    phi = config.co_decode if config.co_decode is not None else co_decode_share(inst.arrays)
+    phi = config.co_running if config.co_running is not None else co_running_share(inst.arrays)
     if phi:
         inst = Instance(inst.snapshot, config, inst.slots, inst.trajs, inst.kv_bytes_per_token, unfinished, phi)
     _check_hostable(inst)
     return inst
 
 
-CO_DECODE_TOP = 32
+CO_RUNNING_TOP = 32
 """Longest trajectories (by critical path) whose decode share estimates phi."""
 
 
-def co_decode_share(x: InstanceArrays) -> float:
-    """phi estimated from the instance: the decode share of the ``CO_DECODE_TOP`` longest critical paths on
+def co_running_share(x: InstanceArrays) -> float:
+    """phi estimated from the instance: the decode share of the ``CO_RUNNING_TOP`` longest critical paths on
     the most common slot type, sum D_j (a + c) / sum CP_j. Reason: the slot that sets the makespan is the one
     of a long trajectory, and its co-residents' tokens slow it only while it decodes (not in tool calls or
     while its own prefill runs), so a decode-bound long trajectory feels them fully and a tool-bound one
@@ -609,7 +609,7 @@ def co_decode_share(x: InstanceArrays) -> float:
     r = int(x.rep[int(np.bincount(x.type_of).argmax())])
     dec = x.D * (x.a[r] + x.c[r])
     cp = dec + x.W + x.P / x.mu[r]
-    top = np.argsort(-cp, kind="stable")[:CO_DECODE_TOP]
+    top = np.argsort(-cp, kind="stable")[:CO_RUNNING_TOP]
     total = float(cp[top].sum())
     return min(1.0, max(0.0, float(dec[top].sum()) / total)) if total > 0 else 0.0
 

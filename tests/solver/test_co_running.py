@@ -1,4 +1,4 @@
-"""The co-running term (phi, ``PlannerConfig.co_decode``): a slot's critical trajectory is slowed by the decode
+"""The co-running term (phi, ``PlannerConfig.co_running``): a slot's critical trajectory is slowed by the decode
 tokens and prefill chunks of the trajectories sharing its slot (continuous batching runs them in the same
 forward passes).
 
@@ -10,7 +10,7 @@ Invariants checked:
 - milp, cpsat and exhaustive agree on the optimum with phi > 0 (the c6 rows price the term exactly);
 - the planner spreads short trajectories off the slot of a long tool-bound one when phi > 0 (and need not
   when phi = 0): the term is what balances load that the makespan alone ignores;
-- an out-of-range co_decode is a one-line user error.
+- an out-of-range co_running is a one-line user error.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from rollplan.models.errors import UserInputError
 from rollplan.models.types import Role
 from rollplan.solver import PlannerConfig, build_instance, plan
 from rollplan.solver.evaluate import evaluate, evaluate_reference
-from rollplan.solver.instance import co_decode_share
+from rollplan.solver.instance import co_running_share
 
 
 def _one_slot(phi: float | None):
@@ -36,11 +36,11 @@ def _one_slot(phi: float | None):
             make_traj("b", decode=1000),
         ],
     )
-    return build_instance(snap, PlannerConfig(co_decode=phi))
+    return build_instance(snap, PlannerConfig(co_running=phi))
 
 
 @pytest.mark.parametrize("phi", [0.0, 0.3, 1.0])
-def test_slot_finish_is_the_critical_path_plus_the_co_decode_term(phi: float) -> None:
+def test_slot_finish_is_the_critical_path_plus_the_co_running_term(phi: float) -> None:
     inst = _one_slot(phi)
     assert inst.phi == phi
     sl = inst.slots[0]
@@ -67,7 +67,7 @@ def test_estimated_phi_is_the_decode_share_of_the_longest_paths() -> None:
     cp = dec + x.W + x.P / x.mu[0]
     assert inst.phi == pytest.approx(float(dec.sum() / cp.sum()))
     assert 0.0 < inst.phi < 1.0
-    assert co_decode_share(build_instance(make_snapshot(trajectories=[]), PlannerConfig()).arrays) == 0.0
+    assert co_running_share(build_instance(make_snapshot(trajectories=[]), PlannerConfig()).arrays) == 0.0
 
 
 def test_exact_backends_agree_with_phi() -> None:
@@ -80,7 +80,7 @@ def test_exact_backends_agree_with_phi() -> None:
     )
     objs = {}
     for backend in ("exhaustive", "milp", "cpsat"):
-        p = plan(snap, config=PlannerConfig(backend=backend, time_limit=20.0, co_decode=0.8, relative_gap=0.0))
+        p = plan(snap, config=PlannerConfig(backend=backend, time_limit=20.0, co_running=0.8, relative_gap=0.0))
         objs[backend] = p.objective
     assert objs["milp"] == pytest.approx(objs["exhaustive"], rel=1e-6, abs=1e-6)
     assert objs["cpsat"] == pytest.approx(objs["exhaustive"], rel=1e-3, abs=1e-3)
@@ -99,11 +99,11 @@ def test_phi_moves_short_trajectories_off_the_slot_of_a_long_one(backend: str) -
     cfg = PlannerConfig(backend=backend, time_limit=20.0, relative_gap=0.0)
     shared = {}
     for phi in (0.0, 1.0):
-        p = plan(snap, config=dataclasses.replace(cfg, co_decode=phi))
+        p = plan(snap, config=dataclasses.replace(cfg, co_running=phi))
         shared[phi] = sum(1 for tid, sid in p.placement.items() if tid != "long" and sid == p.placement["long"])
     assert shared == {0.0: 6, 1.0: 0}
 
 
-def test_co_decode_out_of_range_is_a_user_error() -> None:
-    with pytest.raises(UserInputError, match="co_decode"):
-        PlannerConfig(co_decode=1.5)
+def test_co_running_out_of_range_is_a_user_error() -> None:
+    with pytest.raises(UserInputError, match="co_running"):
+        PlannerConfig(co_running=1.5)
