@@ -259,9 +259,9 @@ class FormulaPD(BasePolicy):
 
 KV_HEADROOM = 0.15
 """Share of a slot's KV the rollplan policy keeps free when admitting a new trajectory (``choose_slot``).
-Chosen on the bench's Bamboo p3 replay (rollplan alone): 0 / 0.05 / 0.15 / 0.25 / 0.35 gave 6,981 / 7,058 /
-7,064 / 7,051 / 6,965 tokens/s (preemptions of residents: 2,400 at 0.05, 458 at 0.15); on g4dn 0.15 gave
-+1.3% over 0, on the Parcae segments +0.0%."""
+Chosen by trying 0 to 0.35 on the bench's Bamboo p3 replay (``rollplan bench replay``): 0.15 was best there;
+much more admits too few trajectories, much less lets returning residents be preempted. Pass ``kv_headroom=0``
+to ``make_policy("rollplan", ...)`` for the engine's watermark alone."""
 
 
 class _CountingClock:

@@ -58,7 +58,7 @@ LP_MIN_SECONDS = 0.05
 
 def _preload(name: str) -> Backend | None:
     """The exact backend ``name`` with every module its solve may import (the LP bound's PuLP/HiGHS), so the
-    first ``plan()`` of a process does not spend its time limit importing (OR-Tools pulls in pandas: ~0.7 s).
+    first ``plan()`` of a process does not spend its time limit importing (OR-Tools pulls in pandas).
     None for ``greedy`` and when the backend is not installed."""
     if name == "greedy":
         return None
