@@ -13,7 +13,8 @@ measured here, except where a test says otherwise.
 Order: 3 engines vs reference -> an env that raises -> P/D role switch with KV through the connector ->
 weight update mid-run (later tests compare with the new weights' reference) -> node b removed
 mid-rollout -> node e added (no engine while a start does not pay; one once it does) -> reclaim of the
-lent slot -> preemption notice on a. Stops every process it started.
+lent slot -> preemption notice on a -> the last engine's vLLM core killed (a fresh engine takes over).
+Stops every process it started.
 """
 
 from __future__ import annotations
@@ -403,3 +404,32 @@ def test_preemption_notice_drains_before_deadline(h: Harness, reference_v1) -> N
     assert_matches(results, reference_v1)
     # The node can now go away without losing anything.
     h.cluster.remove_node(h.nodes.pop("a"))
+
+
+def test_dead_engine_core_is_replaced(h: Harness, reference_v1) -> None:
+    """vLLM's core dies under a live actor (a crash, an out-of-memory kill): the executor treats the
+    engine as lost, ends its actor, and the batch finishes on a fresh engine with the same tokens."""
+    import psutil
+
+    ex, ctl = h.executor, h.executor.ctl
+    slot = next(s.id for s in ctl.slots.values() if s.usable and s.engine is not None and s.engine.alive)
+    old = ctl.slots[slot].engine
+    assert old is not None
+    pid = h.run(old.actor.info.remote())["pid"]
+    killed: list[int] = []
+
+    async def scenario() -> list[TrajectoryResult]:
+        task = asyncio.create_task(ex.rollout(BATCH, env_factory))
+        await until(lambda: turns_done(h) >= 4)
+        for child in psutil.Process(pid).children(recursive=True):
+            if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
+                child.kill()
+                killed.append(child.pid)
+        return await task
+
+    results = h.run(scenario(), timeout=600)
+    assert killed, "found no EngineCore process under the engine actor"
+    assert all(r.status == "done" for r in results), [r.error for r in results if r.error][:3]
+    assert_matches(results, reference_v1)
+    assert not old.alive and old is not ctl.slots[slot].engine
+    assert any(kind == "engine-lost" and slots == (slot,) for _, kind, slots in ctl.stats.events)

@@ -224,7 +224,8 @@ def test_engine_settings_follow_the_cpu_notes(tmp_path: Path) -> None:
     assert kw["dtype"] == "float32" and kw["max_model_len"] == 512 and kw["enforce_eager"]
     assert kw["kv_cache_memory_bytes"] == 64 << 20 and not kw["enable_sleep_mode"]
     assert kw["kv_transfer_config"] == {
-        "kv_connector": "ExampleConnector",
+        "kv_connector": "AtomicFileConnector",
+        "kv_connector_module_path": "rollplan.executor.kv_store",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
     }

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rollplan.models import ExecutorError, Phase
+from rollplan.models import EngineLostError, ExecutorError, Phase
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class Router(Protocol):
 
     async def route(self, run: TrajectoryRun) -> Route: ...
 
-    def engine_failed(self, slot: str, exc: BaseException) -> None: ...
+    def engine_failed(self, slot: str, exc: BaseException, engine: Any = None) -> None: ...
 
     def attempt_started(self, run: TrajectoryRun, slot: str) -> None: ...
 
@@ -248,9 +248,13 @@ def prompt_ids(item: RolloutItem, tokenizer: Any) -> list[int]:
 
 
 def _is_engine_lost(exc: BaseException) -> bool:
+    """The engine behind a request is gone: its actor died (node lost) or its vLLM core did (the actor
+    raises ``EngineLostError``; Ray re-raises it as a ``RayTaskError`` that is also an instance of it)."""
     import ray.exceptions
 
-    return isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.ActorUnavailableError)
+    if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.ActorUnavailableError | EngineLostError):
+        return True
+    return isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, EngineLostError)
 
 
 class AgentLoop:
@@ -368,7 +372,7 @@ class AgentLoop:
                     except Exception as exc:
                         if not _is_engine_lost(exc):
                             raise
-                        self.router.engine_failed(route.prefill_slot or "", exc)
+                        self.router.engine_failed(route.prefill_slot or "", exc, route.prefill_engine)
                     else:
                         if pre["finish_reason"] in ("stop", "length"):
                             prefill_slot = route.prefill_slot
@@ -378,7 +382,7 @@ class AgentLoop:
             except Exception as exc:
                 if not _is_engine_lost(exc):
                     raise
-                self.router.engine_failed(route.slot, exc)
+                self.router.engine_failed(route.slot, exc, route.engine)
                 interruptions += 1
                 continue
             finally:

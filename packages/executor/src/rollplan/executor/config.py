@@ -22,8 +22,9 @@ WORKER_EXTENSION = "rollplan.executor.worker_ext.WeightSyncExtension"
 class KVConnectorConfig:
     """How KV moves between engines (prefill -> decode, migrations).
 
-    ``kind``: "example" (vLLM's file-based ``ExampleConnector``; ``storage_path`` is the shared folder every
-    engine reads and writes; works on CPU), "nixl" (``NixlConnector``; needs the nixl wheel) or "none"
+    ``kind``: "example" (vLLM's file-based ``ExampleConnector`` made safe for concurrent engines:
+    ``rollplan.executor.kv_store.AtomicFileConnector``; ``storage_path`` is the shared folder every engine
+    reads and writes; works on CPU), "nixl" (``NixlConnector``; needs the nixl wheel) or "none"
     (every move re-prefills). All engines use ``kv_role="kv_both"``, so a role switch is only routing.
     ``storage_path`` None: the executor makes a private temporary folder and deletes it at shutdown. A
     given folder must be private to one executor and one model: entries are keyed by token ids only.
@@ -46,7 +47,10 @@ class KVConnectorConfig:
                 raise ValueError("the example KV connector needs a storage_path (the executor sets one)")
             extra = {"shared_storage_path": self.storage_path, **self.extra}
             return {
-                "kv_connector": "ExampleConnector",
+                # vLLM's ExampleConnector file layout, with atomic writes and a completion marker so
+                # engines sharing the store never load a half-written entry (rollplan.executor.kv_store).
+                "kv_connector": "AtomicFileConnector",
+                "kv_connector_module_path": "rollplan.executor.kv_store",
                 "kv_role": "kv_both",
                 "kv_connector_extra_config": extra,
             }

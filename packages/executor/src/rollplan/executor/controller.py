@@ -219,12 +219,17 @@ class Controller:
                 waited = 0.0
                 self.request_replan(f"waiting {run.id}")
 
-    def engine_failed(self, slot: str, exc: BaseException) -> None:
+    def engine_failed(self, slot: str, exc: BaseException, engine: Any = None) -> None:
+        """A request to ``slot``'s engine (actor handle ``engine``, when known) found it gone. A failure of
+        an engine the slot has since replaced is ignored (the new one is fine)."""
         s = self.slots.get(slot)
+        if s is not None and s.engine is not None and engine is not None and s.engine.actor is not engine:
+            return
         if s is not None and s.engine is not None and s.engine.alive:
             log.warning("engine on slot %s lost: %s", slot, type(exc).__name__)
-            s.engine.mark_dead(exc)
+            s.engine.kill(exc)  # a dead vLLM core leaves a live actor holding the slot: end it
             self._engine_gone(s)
+            self.stats.events.append((self.clock(), "engine-lost", (slot,)))
         self.request_replan(f"engine lost {slot}")
 
     def _engine_gone(self, s: SlotRuntime) -> None:

@@ -4,7 +4,8 @@ The actor is an async Ray actor (``num_cpus=0``, one unit of the slot resource, 
 node); all its methods run on one event loop, so state changes between awaits are atomic. Lifecycle:
 see ``rollplan.executor.lifecycle``. Only SERVING admits new requests; a request sent to an engine that
 is not SERVING comes back with ``finish_reason == "unavailable"`` (the caller re-routes) instead of an
-exception, because that is routine while roles and placements change.
+exception, because that is routine while roles and placements change. Once vLLM's core has died
+(``EngineDeadError``), every request raises ``EngineLostError``: the caller treats the engine as lost.
 
 Everything engine-specific is vLLM's: generation and abort (``AsyncLLM.generate``/``abort``), weight
 sync (``collective_rpc`` into ``WeightSyncExtension`` -> ``reload_weights``, then
@@ -21,10 +22,12 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from rollplan.executor.config import EngineConfig
 from rollplan.executor.lifecycle import EngineStatus, Lifecycle
+from rollplan.models import EngineLostError
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,7 @@ class EngineActor:
         self._cancelled: dict[str, None] = {}
         self._sleep_mode = False
         self._started_at = time.time()
+        self._dead: str | None = None  # why vLLM's core died, once it has
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def start(
@@ -166,6 +170,7 @@ class EngineActor:
         prompt_tokens, seconds, slot, weights_version. On abort, ``token_ids`` holds the tokens made so far.
         """
         t = time.perf_counter()
+        self._check_alive()
         if not self._life.state.accepts_requests:
             return self._unavailable(prompt_ids)
         if self._cancelled.pop(request_id, 0) is None:
@@ -177,6 +182,9 @@ class EngineActor:
                 {"prompt_token_ids": list(prompt_ids)}, sampling_params(params), request_id
             ):
                 last = out
+        except Exception as exc:
+            self._raise_if_dead(exc)
+            raise
         finally:
             self._inflight.discard(request_id)
         if last is None:  # aborted before the engine produced any output
@@ -200,13 +208,16 @@ class EngineActor:
     async def generate_stream(self, request_id: str, prompt_ids: list[int], params: dict[str, Any]):
         """Streaming variant (call with ``num_returns="streaming"``): yields dicts with the new
         ``token_ids`` (and ``logprobs``) of each engine step; the last one carries ``finish_reason``."""
+        self._check_alive()
         if not self._life.state.accepts_requests:
             yield self._unavailable(prompt_ids)
             return
         self._inflight.add(request_id)
         try:
-            async for out in self._engine.generate(
-                {"prompt_token_ids": list(prompt_ids)}, sampling_params(params, delta=True), request_id
+            async for out in self._guard(
+                self._engine.generate(
+                    {"prompt_token_ids": list(prompt_ids)}, sampling_params(params, delta=True), request_id
+                )
             ):
                 comp = out.outputs[0]
                 yield {
@@ -241,6 +252,35 @@ class EngineActor:
         if live and self._engine is not None:
             await self._engine.abort(live)
         return live
+
+    # -- engine death ------------------------------------------------------------------------------------
+    def _raise_if_dead(self, exc: BaseException) -> None:
+        """vLLM's core died (``EngineDeadError``): remember it and raise ``EngineLostError`` instead, which
+        callers handle like a lost actor. Any other error is the caller's to handle."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if isinstance(exc, EngineDeadError) or self._dead is not None:
+            if self._dead is None:
+                self._dead = f"{type(exc).__name__}: {exc}"
+                log.error("engine on slot %s died: %s", self._slot, self._dead)
+            raise EngineLostError(
+                f"the vLLM engine on slot {self._slot} died ({self._dead})",
+                fix="nothing: the executor restarts or replaces it; see the engine's log for the cause",
+                slot=self._slot,
+            ) from exc
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise EngineLostError(f"the vLLM engine on slot {self._slot} died ({self._dead})", slot=self._slot)
+
+    async def _guard(self, stream: Any) -> AsyncIterator[Any]:
+        """``stream``'s items; vLLM's core dying on the way becomes ``EngineLostError``."""
+        try:
+            async for out in stream:
+                yield out
+        except Exception as exc:
+            self._raise_if_dead(exc)
+            raise
 
     def _unavailable(self, prompt_ids: list[int]) -> dict[str, Any]:
         return {

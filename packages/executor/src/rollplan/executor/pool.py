@@ -107,6 +107,19 @@ class EngineHandle:
             self.life.fire("stop")
         self.ready.set()
 
+    def kill(self, exc: BaseException | None = None) -> None:
+        """The engine is unusable but its actor may live on (vLLM's core died): STOPPED, and the actor is
+        killed so the slot's resource is free for a new engine. Safe on an actor that is already gone."""
+        import ray
+
+        self.mark_dead(exc)
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        try:
+            ray.kill(self.actor, no_restart=True)
+        except Exception as err:  # already gone with its node
+            log.debug("kill of %s's actor: %s", self.slot, err)
+
     async def stop(self, *, graceful: bool = False) -> float:
         """Stop the engine and end its actor process (``ray.kill``); ``graceful`` first shuts vLLM down."""
         import ray

@@ -2,6 +2,7 @@
 
 from rollplan.models.errors import (
     ActionFailures,
+    EngineLostError,
     ExecutorError,
     IllegalTransitionError,
     InfeasiblePlanError,
@@ -44,6 +45,7 @@ __all__ = [
     "ActionKind",
     "AvailabilityEvent",
     "ClusterSnapshot",
+    "EngineLostError",
     "EngineState",
     "Estimate",
     "EventKind",

@@ -99,6 +99,11 @@ class ExecutorError(RollplanError):
     """Base of executor errors (engines, controller, actions)."""
 
 
+class EngineLostError(ExecutorError):
+    """An engine can serve no more requests (its vLLM core died); raised by the engine actor on every
+    request from then on. Callers treat it like a lost actor: retry the request elsewhere."""
+
+
 class IllegalTransitionError(ExecutorError):
     """A lifecycle state machine was asked for a transition it does not allow."""
 

@@ -1,0 +1,112 @@
+"""``AtomicFileConnector``: vLLM's file KV connector, safe when several engines share the store.
+
+Who uses it: every engine the executor starts with ``KVConnectorConfig(kind="example")`` (vLLM loads
+this class by module path in each engine process). It carries P/D hand-offs and KV migrations between
+engines on one machine (CPU tests and development); GPU clusters use NIXL.
+
+Why not vLLM's ``ExampleConnector`` as is: it counts a prompt's entry as present as soon as the entry's
+folder exists, but creates that folder before it writes the per-layer files, and writes them in place.
+With several engines on one store, an engine can match an entry another engine is still writing (the
+engines of a group prefill the same prompt at the same moment) and load a missing or half-written file:
+its EngineCore raises and the engine is dead (``EngineDeadError``). An engine killed while writing (a
+node lost) leaves an entry that kills every later engine matching it. Both were seen in CI.
+
+What this subclass changes (the file layout stays vLLM's):
+- every layer file is written under a unique temporary name and renamed into place (readers see whole
+  files, concurrent writers of one entry do not corrupt each other);
+- an entry is complete once the engine that stored all its layers in one step writes ``COMPLETE`` into it;
+- a prompt matches only a complete entry, and a complete entry is not stored again;
+- a failed write (disk full, store cleared meanwhile) only leaves the entry incomplete: it is logged,
+  never raised, because the engine can always recompute the KV instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from typing import Any
+
+import safetensors.torch
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (
+    ExampleConnector,
+    ExampleConnectorMetadata,
+    align_to_block_size,
+)
+from vllm.model_executor.layers.attention.mla_attention import MLACommonMetadata
+
+log = logging.getLogger(__name__)
+
+COMPLETE = "COMPLETE"  # marker file: every layer of the entry is in place
+
+
+def _write_atomically(path: str, write: Any) -> None:
+    """``write(tmp_path)`` then rename onto ``path`` (atomic on one file system)."""
+    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+class AtomicFileConnector(ExampleConnector):
+    """``ExampleConnector`` with atomic layer files and a completion marker (see the module docstring).
+
+    vLLM builds one instance per role (scheduler, worker) in each engine process; the worker instance
+    remembers which entries it wrote in the current step and marks them complete in ``wait_for_save``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._written: dict[str, bool] = {}  # entry folder -> every layer written so far this step
+
+    # -- matching (scheduler) ------------------------------------------------------------------------------
+    def _found_match_for_prompt(self, prompt_token_ids: list[int], mm_hashes: list[str]) -> bool:
+        # The same key as the base class (the prompt minus its last token, whole blocks), but the entry
+        # must be complete, not merely exist.
+        n = align_to_block_size(len(prompt_token_ids) - 1, self._block_size)
+        folder = self._generate_foldername_debug(torch.tensor(prompt_token_ids)[:n], mm_hashes, create_folder=False)
+        return os.path.exists(os.path.join(folder, COMPLETE))
+
+    # -- storing (worker) ----------------------------------------------------------------------------------
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, ExampleConnectorMetadata)
+        for request in meta.requests:
+            if not request.is_store:
+                continue
+            folder = self._generate_foldername_debug(request.token_ids, request.mm_hashes, create_folder=False)
+            if self._written.get(folder) is False or os.path.exists(os.path.join(folder, COMPLETE)):
+                continue  # a layer already failed this step, or another engine finished the entry
+            try:
+                os.makedirs(folder, exist_ok=True)
+                kv = self._gather(kv_layer, request.slot_mapping, attn_metadata).detach().cpu()
+                path = os.path.join(folder, f"{layer_name}.safetensors")
+                _write_atomically(path, lambda tmp, kv=kv: safetensors.torch.save_file({"kv_cache": kv}, tmp))
+            except OSError as exc:
+                log.warning("KV store: could not write %s/%s: %s", folder, layer_name, exc)
+                self._written[folder] = False
+            else:
+                self._written.setdefault(folder, True)
+
+    def _gather(self, layer: torch.Tensor, slot_mapping: torch.Tensor, attn_metadata: Any) -> torch.Tensor:
+        """The KV of ``slot_mapping``'s tokens from vLLM's paged layer view ([blocks, heads, block, dim]);
+        MLA layers are one flat [slots, dim] view. The same layout the base class loads."""
+        slot_mapping = slot_mapping.to(layer.device)
+        if isinstance(attn_metadata, MLACommonMetadata):
+            return layer.reshape(-1, layer.shape[-1])[slot_mapping, ...]
+        return layer[slot_mapping // self._block_size, :, slot_mapping % self._block_size]
+
+    def wait_for_save(self) -> None:
+        """End of a forward step: every entry whose layers were all written this step is complete."""
+        written, self._written = self._written, {}
+        for folder, ok in written.items():
+            if not ok:
+                continue
+            try:
+                _write_atomically(os.path.join(folder, COMPLETE), lambda tmp: open(tmp, "w").close())
+            except OSError as exc:
+                log.warning("KV store: could not complete %s: %s", folder, exc)
