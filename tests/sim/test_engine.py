@@ -163,3 +163,37 @@ def test_fold_changes_little() -> None:
     assert b["decode_tokens"] == pytest.approx(a["decode_tokens"])
     assert b["throughput_tokens_per_s"] == pytest.approx(a["throughput_tokens_per_s"], rel=0.05)
     assert math.isfinite(b["tail_share"]["mean"])
+
+
+class DoneTimes:
+    """Wraps a real policy and records when each trajectory completes (an observer, not a fake)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.at: dict[str, float] = {}
+
+    def __getattr__(self, item):
+        return getattr(self.inner, item)
+
+    def on_traj_done(self, sim, j) -> None:
+        self.at[sim.trajs[j].spec.id] = sim.now
+        self.inner.on_traj_done(sim, j)
+
+
+def test_waiting_turn_evicts_a_resident_that_went_to_its_tool() -> None:
+    # One slot with ~30k tokens of KV. B comes back from a 1 s tool call needing 8k more tokens: no room,
+    # and A (still decoding) cannot be evicted, so B waits. When A starts its 60 s tool call, B evicts A at
+    # once (an engine retries waiting requests every step) instead of waiting ~30 s for C to finish.
+    cfg = SimConfig(fold_tool_s=0.0, mem_util=0.285)
+    assert 28_000 < perf_model("h800", "qwen3-8b").kv_capacity_tokens(cfg.mem_util) < 32_000
+    specs = [
+        SimTraj("A", "gA", 8000, (0, 0), (300, 50), (60.0, 0.0)),
+        SimTraj("B", "gB", 8000, (0, 8000), (50, 50), (1.0, 0.0)),
+        SimTraj("C", "gC", 8000, (0,), (3000,), (0.0,)),
+    ]
+    sc = Scenario("evict", BatchSource(tuple(specs)), dedicated=1, max_batches=1, sim=cfg)
+    pol = DoneTimes(make_policy("static-colocated"))
+    run = run_policy(sc, pol)
+    assert run.summary["counters"].get("evictions", 0) >= 1
+    assert pol.at["B"] < 10.0 < pol.at["C"], pol.at

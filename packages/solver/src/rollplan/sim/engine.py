@@ -1294,7 +1294,7 @@ class Simulator:
         h = s.heap
         trajs = self.trajs
         pop = heapq.heappop
-        freed = False
+        freed = to_tool = False
         done: list[TrajState] = []
         # Entries within a microsecond of their finish count as done (rounding of V = V0 + dt / tau).
         v = s.V
@@ -1332,6 +1332,7 @@ class Simulator:
                 out += self._go_tool(j, wait) if wait > 0 else self._complete(j)
             elif wait > 0:
                 out += self._go_tool(j, wait)
+                to_tool = True
             else:
                 j.state = WAIT
                 out += self._try_start(j, s)
@@ -1339,6 +1340,10 @@ class Simulator:
         if freed:
             out += self._drain_waiting(s)
             self._dirty = True
+        elif to_tool and s.waiting:
+            # A resident waiting on a tool may now be evicted for the head of the slot's queue (an engine
+            # retries its waiting requests every step; without this the head waited for a completion).
+            out += self._drain_waiting(s)
         return out
 
     def _on_join(self, ev: Event) -> list[Event]:

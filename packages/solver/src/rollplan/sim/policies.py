@@ -262,6 +262,12 @@ KV_HEADROOM = 0.15
 Chosen by trying 0 to 0.35 on the bench's Bamboo p3 replay (``rollplan bench replay``): 0.15 was best there;
 much more admits too few trajectories, much less lets returning residents be preempted. Pass ``kv_headroom=0``
 to ``make_policy("rollplan", ...)`` for the engine's watermark alone."""
+DISPATCH_Z = 1.77
+"""Pending trajectories are dispatched by a pessimistic remaining critical path: predicted mean + ``DISPATCH_Z``
+spreads (of decode tokens and tool seconds, from the samples behind the prediction). 1.77 is about the
+expected largest of 16 standard normal samples: of a prompt's samples the longest decides when the group is
+done, so prompts whose lengths vary a lot start early. The plain mean let trajectories predicted short (but
+long) start 400-500 s into throughput-bound batches of the bench's Bamboo p3 replay."""
 
 
 class _CountingClock:
@@ -290,7 +296,8 @@ class RollplanPolicy(BasePolicy):
     start), then apply the plan: bring up slots the plan uses (cold start / wake / sync / role switch: real
     time in the simulator), move trajectories the plan moves (KV transfer or re-prefill, as the plan's action
     says), switch slots to PREFILL / OFF last. Between re-plans, pending trajectories are dispatched
-    longest-predicted-first to the slot the plan placed them on (any fitting slot if that one is full).
+    longest-predicted-first (mean + ``DISPATCH_Z`` spreads) to the slot the plan placed them on (any fitting
+    slot if that one is full).
     ``deterministic``: the planner's clock counts reads (see ``_CountingClock``).
     """
 
@@ -345,7 +352,9 @@ class RollplanPolicy(BasePolicy):
             rem = self.predictor.remaining_raw(t.key, t.group, dec, pf_done, tool, turns)
         else:
             rem = self.predictor.remaining_raw(t.key, t.group, dec, pf_done, tool, turns, f[0], f[1], f[2])
-        self._cp[j] = rem[0] * self._a_ref + rem[2]
+        a = self._a_ref
+        sds = rem[4]
+        self._cp[j] = rem[0] * a + rem[2] + DISPATCH_Z * (sds[0] * a + sds[2])
         return rem
 
     def snapshot(self, sim: Simulator) -> Any:
@@ -521,7 +530,7 @@ class RollplanPolicy(BasePolicy):
         heapq.heapify(self._heap)
 
     def order(self, sim: Simulator) -> Iterable[int]:
-        """Longest predicted remaining critical path first."""
+        """Longest pessimistic remaining critical path first (see ``DISPATCH_Z``)."""
         h = self._heap
         trajs = sim.trajs
         while h:
