@@ -61,3 +61,45 @@ def test_replay_cli_trace_file_and_errors(tmp_path: Path, capsys: pytest.Capture
 def test_bench_replay_rejects_unknown_trace(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "replay", "--traces", "nope"]) == 2
     assert "unknown bench trace" in capsys.readouterr().err
+
+
+SMALL = ["--workload", "builtin", "--batches", "1", "--groups", "4", "--samples", "2", "--dedicated", "2"]
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and "To fix:" in err, err
+    return err
+
+
+def test_bad_out_paths_fail_before_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["demo", "--out", str(afile)]) == 2  # fails at once, not after a 20 s replay
+    assert "is a file" in _one_line_error(capsys)
+    assert main(["replay", "--availability", "none", *SMALL, "--out", str(afile)]) == 2
+    assert "is a file" in _one_line_error(capsys)
+    assert main(["workload", "build", "--from", "synthetic", "--out", str(tmp_path / "no" / "w.jsonl")]) == 2
+    assert "folder does not exist" in _one_line_error(capsys)
+
+
+def test_replay_rejects_a_zero_length_trace_and_unknown_format(tmp_path: Path, capsys) -> None:
+    one = tmp_path / "one.txt"
+    one.write_text("2024-01-01, 00:00:00, 3\n")
+    assert main(["replay", "--availability", str(one), *SMALL, "--out", str(tmp_path / "o")]) == 2
+    assert f"{one}: the trace covers 0 seconds" in _one_line_error(capsys)
+    assert main(["replay", "--availability", "none", *SMALL, "--trace-format", "xml"]) == 2
+    assert "--trace-format 'xml'" in _one_line_error(capsys)
+
+
+def test_replay_reads_a_lending_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "lend.toml"
+    cfg.write_text('[lending]\ngpus = 2\ntrain_step_s = 30\nmode = "async"\nreclaim_notice_s = 5\n')
+    argv = ["replay", "--availability", "none", *SMALL, "--policies", "static-colocated", "--out", str(tmp_path / "o")]
+    assert main([*argv, "--lending", str(cfg), "--json"]) == 0
+    sc = json.loads(capsys.readouterr().out)["scenario"]
+    assert (sc["lent_gpus"], sc["train_step_s"], sc["mode"]) == (2, 30.0, "async")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"gpus": 2, "bogus": 1}')
+    assert main([*argv, "--lending", str(bad)]) == 2
+    assert f"{bad}: lending.bogus" in _one_line_error(capsys)

@@ -184,8 +184,9 @@ def test_segments_select_one_segment(tmp_path: Path) -> None:
     assert load_trace(p, segment="s2").peak_gpus == 1
     with pytest.raises(TraceError, match="2 segments"):
         load_trace(p)
-    with pytest.raises(UnknownNameError, match="segment"):
+    with pytest.raises(UnknownNameError, match="segment") as err:
         load_trace(p, segment="s9")
+    assert str(p) in str(err.value) and "s1, s2" in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -195,6 +196,7 @@ def test_segments_select_one_segment(tmp_path: Path) -> None:
         ("s1,60000,remove,2,n0,2,60000", "n_nodes=2 but 1 node id"),
         ("s1,60000,explode,0,,3,60000", "unknown event"),
         ("s1,60000,remove,1,n9,2,60000", "remove of node 'n9'"),
+        ("s1,60000,remove,1,n0", "fewer fields than the 7 header columns"),
     ],
 )
 def test_malformed_segment_rows_name_the_line(tmp_path: Path, row: str, problem: str) -> None:

@@ -92,3 +92,20 @@ def test_json_stdout_stays_clean_with_native_solvers(tmp_path, capfd) -> None:
     assert main(["plan", str(path), "--backend", "milp", "--time-limit", "0.5", "--json"]) == 0
     out = capfd.readouterr().out
     assert plan_from_json(out).backend == "milp"
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["replay", "--availability", "none", "--workload", "builtin", "--notice-s", "-5"], "--notice-s"),
+        (["replay", "--workload", "builtin"], "--availability"),
+        (["workload", "build", "--from", "synthetic", "--groups", "abc"], "--groups"),
+        (["demo", "--batches", "0"], "--batches"),
+        (["nosuchcmd"], "nosuchcmd"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(argv: list[str], names: str, capsys) -> None:
+    # Typer raises its own (bundled) click exceptions: they must not escape as tracebacks.
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and names in err and "To fix:" in err

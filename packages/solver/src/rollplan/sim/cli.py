@@ -77,6 +77,56 @@ def _compact(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_out_dir(out: Path) -> None:
+    """Fail before a replay (not after it) when ``--out`` cannot take the report: create the folder now."""
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"--out {out} is a file", fix="pass a folder path (it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserInputError(f"--out {out}: cannot create the folder ({err.strerror})",
+                             fix="pass a writable folder path") from None
+
+
+def write_report_or_fail(report: dict[str, Any], out: Path) -> dict[str, str]:
+    from rollplan.sim.report import write_report
+
+    try:
+        return write_report(report, out)
+    except OSError as err:
+        raise UserInputError(f"--out {out}: cannot write the report ({err.strerror})",
+                             fix="pass a writable folder path") from None
+
+
+def load_lending_file(path: Path) -> Any:
+    """A lending config file (docs/inputs.md, "Training-GPU lending"): JSON (``.json``) or TOML (other), the keys
+    at the top level or under ``lending``. Returns a ``LendingConfig``; bad files are one-line user errors."""
+    import tomllib
+
+    from rollplan.models.errors import SchemaError
+    from rollplan.sim.lending import lending_config_from_dict
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserInputError(f"--lending {path}: file not found", fix="check the path") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserInputError(f"--lending {path}: cannot read the file ({err})", fix="pass a UTF-8 text file") from None
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
+    except json.JSONDecodeError as err:
+        raise SchemaError(f"{path}:{err.lineno}", f"not valid JSON ({err.msg})", fix="fix the JSON syntax") from None
+    except tomllib.TOMLDecodeError as err:
+        raise SchemaError(str(path), f"not valid TOML ({err})", fix="fix the TOML syntax (or name the file .json)") from None
+    if not isinstance(data, dict):
+        raise SchemaError(str(path), "expected a mapping of lending keys", fix="see docs/inputs.md for the keys")
+    if "lending" in data:
+        data = data["lending"]
+        if not isinstance(data, dict):
+            raise SchemaError(f"{path}: lending", "expected a mapping", fix="see docs/inputs.md for the keys")
+    return lending_config_from_dict(data, source=str(path))
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add ``replay``, ``demo`` and ``bench replay`` (and ``workload`` when available)."""
     try:
@@ -103,6 +153,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         batches: Annotated[int | None, typer.Option("--batches", min=1, help="Stop after N rollouts.")] = None,
         mode: Annotated[str, typer.Option("--mode", help="sync | async (one-step off-policy).")] = "sync",
         train_step_s: Annotated[float, typer.Option("--train-step-s", min=0.0, help="Training step seconds.")] = 120.0,
+        lending_file: Annotated[Path | None, typer.Option(
+            "--lending", help="Lending config file (JSON or TOML, docs/inputs.md); replaces --lent, --train-step-s, "
+                              "--mode.")] = None,
+        gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1, help="GPUs per trace node.")] = 1,
         groups: Annotated[int, typer.Option("--groups", min=1, help="Prompts per batch (builtin/swebench).")] = 32,
         samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per prompt (builtin/swebench).")] = 8,
         data: Annotated[Path, typer.Option("--data", help="Shared data folder (for --workload swebench).")] = DEFAULT_DATA,
@@ -121,33 +175,45 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from rollplan.sim.lending import LendingConfig, LendMode
         from rollplan.sim.policies import make_policy, parse_pd, parse_policies
         from rollplan.sim.replay import Scenario, batch_source
-        from rollplan.sim.report import build_report, write_report
-        from rollplan.sim.traces import load_trace
+        from rollplan.sim.report import build_report
+        from rollplan.sim.traces import TRACE_FORMATS, load_trace
 
         model_spec(model)
         gpu_kind(gpu)
         if mode not in ("sync", "async"):
             raise UserInputError(f"unknown mode {mode!r}", fix="use --mode sync or --mode async")
+        if trace_format not in TRACE_FORMATS:
+            raise UserInputError(f"unknown --trace-format {trace_format!r}", fix=f"use one of: {', '.join(TRACE_FORMATS)}")
         names = parse_policies(policies)
         split = parse_pd(pd)
+        lending = (load_lending_file(lending_file) if lending_file is not None
+                   else LendingConfig(gpus=lent, gpu=gpu, train_step_s=train_step_s, mode=LendMode(mode)))
         trace = None
         if availability != "none":
-            trace = load_trace(availability, format=trace_format, segment=segment, gpu=gpu, gpus_per_node=1,  # type: ignore[arg-type]
-                               max_gpus=max_gpus, notice_s=notice_s)
+            trace = load_trace(availability, format=trace_format, segment=segment, gpu=gpu,  # type: ignore[arg-type]
+                               gpus_per_node=gpus_per_node, max_gpus=max_gpus, notice_s=notice_s)
+            if not trace.duration_s > 0:
+                raise UserInputError(f"{availability}: the trace covers 0 seconds (every row at one time)",
+                                     fix="give rows at two or more times (counts: two lines or more)")
         if trace is None and batches is None:
             raise UserInputError("with --availability none the replay needs --batches N", fix="pass --batches N")
+        check_out_dir(out)
         sc = Scenario(
             name=f"replay:{Path(availability).name if trace else 'none'}",
             batches=batch_source(workload, model=model, groups=groups, samples=samples, seed=seed, data_dir=data),
-            model=model, gpu=gpu, dedicated=dedicated, trace=trace,
-            lending=LendingConfig(gpus=lent, gpu=gpu, train_step_s=train_step_s, mode=LendMode(mode)),
+            model=model, gpu=gpu, dedicated=dedicated, trace=trace, lending=lending,
             max_batches=batches, seed=seed, sim=SimConfig(fold_tool_s=fold_tool_s), replan_interval_s=replan_interval,
         )
         pols = [make_policy(n, pd=split, backend=backend, time_limit=time_limit) for n in names]
         t0 = time.perf_counter()
         result = _progress_runner(sc, pols, quiet=as_json)
         report = build_report(result)
-        paths = write_report(report, out)
+        paths = write_report_or_fail(report, out)
+        idle = [r.name for r in result.runs if r.summary["batches_completed"] == 0]
+        if idle:
+            print(f"warning: no batch finished within the replay for {', '.join(idle)} "
+                  f"({result.runs[0].summary['replay_s']:.0f} s simulated): use a longer trace, smaller batches "
+                  f"(--groups/--samples) or more GPUs", file=sys.stderr)
         if as_json:
             print(json.dumps(_compact(report), indent=1))
             return
@@ -166,13 +232,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         """A built-in seeded replay (no files): 16 dedicated + 8 lent + up to 16 spot H800s, Qwen3-8B, SWE-like batches."""
         from rollplan.sim.demo import demo_scenario
         from rollplan.sim.policies import POLICY_NAMES, make_policy
-        from rollplan.sim.report import build_report, write_report
+        from rollplan.sim.report import build_report
 
         t0 = time.perf_counter()
+        check_out_dir(out)
         sc = demo_scenario(seed, batches=batches)
         result = _progress_runner(sc, [make_policy(n) for n in POLICY_NAMES], quiet=as_json)
         report = build_report(result)
-        paths = write_report(report, out)
+        paths = write_report_or_fail(report, out)
         if as_json:
             print(json.dumps(_compact(report), indent=1))
             return

@@ -93,6 +93,9 @@ def register_workload(app: typer.Typer) -> None:
         summary: Annotated[bool, typer.Option("--summary", help="also print the summary JSON to stderr")] = False,
     ) -> None:
         """Build a G x n rollout batch and write it as JSONL (stdout unless --out)."""
+        if out is not None and (out.is_dir() or not out.parent.is_dir()):
+            raise UserInputError(f"--out {out}: {'is a folder' if out.is_dir() else 'its folder does not exist'}",
+                                 fix="pass a file path in an existing folder")
         w = build_workload(
             source, llm_calls=llm_calls, tool_calls=tool_calls, azure=azure, groups=groups, samples=samples,
             seed=seed, max_context=_max_context(max_context), agent_model=agent_model, min_turns=min_turns,
@@ -101,7 +104,10 @@ def register_workload(app: typer.Typer) -> None:
         if out is None:
             sys.stdout.write(text)
         else:
-            out.write_text(text, encoding="utf-8")
+            try:
+                out.write_text(text, encoding="utf-8")
+            except OSError as err:
+                raise UserInputError(f"--out {out}: cannot write ({err.strerror})", fix="pass a writable path") from None
             print(f"wrote {len(w)} trajectories in {len(w.groups())} groups to {out}", file=sys.stderr)
         if summary:
             print(json.dumps(w.summary(), indent=2), file=sys.stderr)

@@ -135,7 +135,8 @@ def write_plots(report: dict[str, Any], out: Path) -> dict[str, str]:
         ax.plot([(i + 0.5) * w / 3600 for i in range(len(th["tokens_per_s"]))], th["tokens_per_s"], label=name)
     ax.set_xlabel("time (h)")
     ax.set_ylabel("decode tokens/s")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # a replay too short for any bin has nothing to label
+        ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "throughput.png", dpi=110)
@@ -150,7 +151,8 @@ def write_plots(report: dict[str, Any], out: Path) -> dict[str, str]:
             ax.plot(comp, [(i + 1) / n for i in range(n)], label=name)
     ax.set_xlabel("completion time from batch start (s)")
     ax.set_ylabel("share of trajectories")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "completion_cdf.png", dpi=110)

@@ -433,6 +433,9 @@ def _parse_segments(src: str, text: str, segment: str | None) -> tuple[list[_Row
         row = {k.strip(): (v or "").strip() for k, v in rec.items() if k is not None}
         if None in rec:
             raise TraceError(src, lineno, "more fields than header columns", fix="quote or remove the extra fields")
+        if any(v is None for v in rec.values()):
+            raise TraceError(src, lineno, f"fewer fields than the {len(header)} header columns",
+                             fix="write every column, empty ones as nothing between two commas")
         if not any(row.values()):
             continue
         by_segment.setdefault(row["segment"], []).append((lineno, row))
@@ -446,7 +449,7 @@ def _parse_segments(src: str, text: str, segment: str | None) -> tuple[list[_Row
             )
         segment = next(iter(by_segment))
     if segment not in by_segment:
-        raise UnknownNameError("segment", segment, list(by_segment))
+        raise UnknownNameError(f"segment of {src}", segment, list(by_segment))
     rows: list[_Row] = []
     end: float | None = None
     for lineno, row in by_segment[segment]:

@@ -39,19 +39,46 @@ def _register_plugins() -> None:
         ep.load()(app, bench)
 
 
+def _click_exception_types() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...],
+                                      tuple[type[BaseException], ...]]:
+    """(Exit, Abort, ClickException) classes of every click that can reach us: the click package, and the copy
+    that recent typer releases bundle (``typer._click``), whose classes do not derive from click's."""
+    exits: list[type[BaseException]] = [click.exceptions.Exit, typer.Exit]
+    aborts: list[type[BaseException]] = [click.exceptions.Abort, typer.Abort]
+    errors: list[type[BaseException]] = [click.ClickException]
+    try:
+        from typer._click import exceptions as bundled  # typer >= 0.17 ships its own click
+    except ImportError:
+        pass
+    else:
+        errors.append(bundled.ClickException)
+    return tuple(exits), tuple(aborts), tuple(errors)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script. Returns the exit code (also used by tests)."""
+    """Entry point of the console script. Returns the exit code (also used by tests).
+
+    Every user error ends as one line on stderr and exit code 2, without a traceback: rollplan's own
+    ``UserInputError``s and the command line's usage errors (missing or malformed options, unknown commands).
+    """
     _register_plugins()
+    exits, aborts, click_errors = _click_exception_types()
     try:
         app(args=argv, standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.exceptions.Abort:
+    except exits as exc:
+        return int(getattr(exc, "exit_code", 0))
+    except aborts:
         print("aborted", file=sys.stderr)
         return 1
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
+    except click_errors as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            return 0  # the help was printed: asking for it is not an error
+        ctx = getattr(exc, "ctx", None)
+        command = ctx.command_path if ctx is not None else "rollplan"
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)  # type: ignore[union-attr]
+        text = " ".join(str(message).split()).rstrip(".")
+        print(f"error: {text}. To fix: see `{command} --help`.", file=sys.stderr)
+        return 2
     except UserInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
