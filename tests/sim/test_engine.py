@@ -197,3 +197,17 @@ def test_waiting_turn_evicts_a_resident_that_went_to_its_tool() -> None:
     run = run_policy(sc, pol)
     assert run.summary["counters"].get("evictions", 0) >= 1
     assert pol.at["B"] < 10.0 < pol.at["C"], pol.at
+
+
+def test_disaggregated_turn_matches_hand_computed_time() -> None:
+    # static-disagg 1:1 on two dedicated H800s (one node each): the single-turn trajectory prefills its
+    # 3000-token prompt on the PREFILL slot, ships the KV across nodes, then decodes 400 tokens alone.
+    spec = SimTraj("t0", "g0", 3000, (0,), (400,), (0.0,))
+    p = perf_model("h800", "qwen3-8b")
+    expected = (_chunked_prefill(p, 3000, 0) + p.kv_transfer_time(3000, same_node=False)
+                + 400 * p.decode_step_time(1, 3000 + 200))
+    sc = Scenario("pd", BatchSource((spec,)), dedicated=2, max_batches=1, sim=SimConfig(fold_tool_s=0.0))
+    run = run_policy(sc, make_policy("static-disagg", pd=(1, 1)))
+    s = run.summary
+    assert s["gpu_seconds"].get("prefill", 0) > 0 and s["gpu_seconds"].get("decode", 0) > 0
+    assert s["batches"][0]["rollout_s"] == pytest.approx(expected, rel=0.01)

@@ -57,6 +57,21 @@ def test_preemption_with_notice_rollplan_migrates_elastic_recomputes() -> None:
         assert s["trajectories_completed"] == 8
 
 
+def test_preemption_without_notice_loses_kv_for_every_policy() -> None:
+    # spot0 leaves at t=150 with no notice: the KV on it is lost (token progress kept); every policy that used
+    # it recomputes, and every trajectory still completes once, on spot1.
+    ev = [
+        AvailabilityEvent(0.0, EventKind.ARRIVE, slots=(_spot(0), _spot(1))),
+        AvailabilityEvent(150.0, EventKind.LEAVE, slot_ids=("spot0/g0",)),
+    ]
+    sc = Scenario("no-notice", _long_batch(), dedicated=0, trace=_trace(ev, 3600), max_batches=1,
+                  replan_interval_s=30.0)
+    for name in ("elastic-colocated", "rollplan"):
+        s = run_policy(sc, make_policy(name)).summary
+        assert s["counters"].get("kv_lost", 0) > 0, name
+        assert s["trajectories_completed"] == 8 and s["decode_tokens"] == pytest.approx(8 * 20 * 600), name
+
+
 def test_reclaim_deadline_is_enforced_for_every_policy() -> None:
     # Lent slots reclaimed mid-rollout with a deadline: nothing runs on them after it.
     lent = tuple(Slot(id=f"train0/g{i}", gpu="h800", node="train0", source=SlotSource.LENT_BY_TRAINING) for i in range(2))
