@@ -3,7 +3,7 @@ the event simulator and baselines. May do file I/O; never imports ray, vllm or t
 
 from rollplan.sim.bench_replay import run_bench
 from rollplan.sim.demo import demo_scenario
-from rollplan.sim.engine import SimConfig, SimTraj, Simulator
+from rollplan.sim.engine import NoProgressError, SimConfig, SimTraj, Simulator
 from rollplan.sim.lending import (
     LendingConfig,
     LendingSchedule,
@@ -44,6 +44,7 @@ __all__ = [
     "LendWindow",
     "LendingConfig",
     "LendingSchedule",
+    "NoProgressError",
     "Predictor",
     "Scenario",
     "SimConfig",

@@ -186,6 +186,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             raise UserInputError(f"unknown --trace-format {trace_format!r}", fix=f"use one of: {', '.join(TRACE_FORMATS)}")
         names = parse_policies(policies)
         split = parse_pd(pd)
+        from rollplan.models.errors import UnknownNameError
+        from rollplan.solver import BACKENDS
+
+        if backend not in BACKENDS:  # checked even when rollplan is not among --policies
+            raise UnknownNameError("planner backend", backend, BACKENDS)
         lending = (load_lending_file(lending_file) if lending_file is not None
                    else LendingConfig(gpus=lent, gpu=gpu, train_step_s=train_step_s, mode=LendMode(mode)))
         trace = None

@@ -24,6 +24,11 @@ Model (the contract every policy is measured against; docs/simulator.md explains
 - Availability: ARRIVE adds preemptible slots (no engine: cold start), LEND adds lent slots (sleeping
   engine: wake + sync), NOTICE/RECLAIM set a return deadline, LEAVE (and a passed deadline) remove a slot:
   its KV is lost, token progress kept, re-prefill needed.
+- Termination: interval re-plan ticks stop being scheduled densely once ``IDLE_TICKS`` ticks in a row found
+  nothing changed and nothing runs (e.g. every unfinished trajectory is in a long tool wait): the next tick
+  is the first one of the same grid after the next pending event. When no event is pending at all and work
+  is left, no progress is possible: with no end time the replay raises ``NoProgressError`` instead of
+  ticking forever (with an end time it ends there, as ticking to it would).
 
 Policies (``rollplan.sim.policies``) decide roles, placement, order and migrations through the methods in
 the "policy API" section; the simulator owns the physics and the true lengths. Metrics go to a
@@ -45,6 +50,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
+from rollplan.models.errors import UserInputError
 from rollplan.models.perf import PerfModel
 from rollplan.models.types import AvailabilityEvent, EngineState, EventKind, Role, Slot, SlotSource
 from rollplan.sim.events import Event, EventQueue, EvKind
@@ -62,6 +68,15 @@ STATE_NAMES = ("pending", "tool", "wait", "prefill", "run", "move", "done")
 IN_FLIGHT = frozenset((PREFILL, MOVE))
 # Event kinds the hot paths create, as plain ints (``EventQueue.make`` stores ``int(kind)`` either way).
 _SEG_DONE, _JOIN, _TOOL_DONE = int(EvKind.SEG_DONE), int(EvKind.JOIN), int(EvKind.TOOL_DONE)
+IDLE_TICKS = 8
+"""Interval ticks in a row that found nothing changed since the previous one (no other event handled, no
+policy command took effect) and nothing running, after which the simulator stops ticking densely (see the
+module docstring). 8 covers two of rollplan's every-4-ticks re-plans; normal replays never get there."""
+
+
+class NoProgressError(UserInputError):
+    """A replay can make no further progress: work is left, but no GPU the policy may use can run it and
+    no pending event (arrival, lending, tool return, switch) can change that. Raised instead of looping."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -692,6 +707,8 @@ class Simulator:
         self._admit = 0
         self._dedicated = tuple(dedicated)
         self._tick_pending = False
+        self._idle_ticks = 0  # interval ticks in a row that found nothing changed (see _on_replan_tick)
+        self._tick_mark: tuple[int, ...] = ()
         self.cat_counts: dict[str, int] = {}
         self._out: list[Event] = []  # events caused by policy commands; the main loop drains it
         self.live: list[SlotState] = []  # present slots, by index
@@ -791,6 +808,9 @@ class Simulator:
             for e in self._settle():
                 push(heap, e)
         self.n_events = n
+        if not self.stopped and not heap and self.batch_active and self.batch_left > 0 and not math.isfinite(end):
+            # Nothing left to happen (no interval ticks either) and no end time: the batch can never finish.
+            raise self._no_progress_error()
         if not self.stopped:
             self.now = min(end, max(self.now, 0.0)) if math.isfinite(end) else self.now
         self._finish()
@@ -1529,12 +1549,91 @@ class Simulator:
     def _on_driver(self, ev: Event) -> list[Event]:
         return self.driver.on_event(self, ev)
 
+    def _activity_mark(self) -> tuple[int, ...]:
+        """Counters that move whenever anything happens: events handled (made minus queued), slot changes
+        (role, readiness, presence, deadline), trajectory epochs and admissions, the pending queue, completions,
+        the batch. Equal marks one tick apart (the tick itself aside) mean nothing happened in between."""
+        q = self.q
+        return (q._seq - len(q._heap), self.slot_epoch, self._epoch, self._admit, self._pseq, self.n_pending,
+                self.batch_left, self.batch)
+
+    def _nothing_runs(self) -> bool:
+        """No slot decodes and no trajectory is being prefilled or moved: only clocks (tool waits, switches,
+        availability) can change the state, and a re-plan would see the same state at every tick."""
+        if any(s.n_run for s in self.live):
+            return False
+        return not any(t.state in IN_FLIGHT for t in self.trajs)
+
     def _on_replan_tick(self, ev: Event) -> list[Event]:
         self._tick_pending = False
         if not self.batch_active:
             return []
+        mark = self._activity_mark()
+        # Idle: since the previous tick nothing but this tick was handled and its policy call changed nothing.
+        self._idle_ticks = self._idle_ticks + 1 if mark == self._tick_mark else 0
+        self._tick_mark = (mark[0] + 1, *mark[1:])  # the mark the next tick sees if nothing happens
+        if self._idle_ticks >= IDLE_TICKS and self._nothing_runs():
+            return self._skip_idle_ticks()
         out = self._invoke_policy("interval")
         return out + self._schedule_tick()
+
+    def _skip_idle_ticks(self) -> list[Event]:
+        """The tick after ``IDLE_TICKS`` idle ones: no policy call; the next tick is the first of the same grid
+        at or after the next pending event (or the last one before the end time). Nothing pending, work left
+        and no end time: ``NoProgressError``."""
+        step = self.replan_interval_s
+        heap = self.q._heap
+        end = self.end_time
+        if heap and heap[0][0] <= end and math.isfinite(heap[0][0]):
+            k = max(1, math.ceil((heap[0][0] - self.now) / step))
+        elif math.isfinite(end):
+            k = math.floor((end - self.now) / step)  # the last tick dense ticking would reach
+            if k < 1:
+                self.recorder.count("idle_ticks_skipped")
+                return []
+        else:
+            raise self._no_progress_error()
+        # Policy calls not made: this tick's and those of the k - 1 ticks not scheduled.
+        self.recorder.count("idle_ticks_skipped", k)
+        self._tick_pending = True
+        return [self.q.make(self.now + k * step, EvKind.REPLAN)]
+
+    def _no_progress_error(self) -> NoProgressError:
+        """Why the current batch cannot finish, for the user (see ``NoProgressError``)."""
+        name = getattr(self.policy, "name", "?")
+        sources = getattr(self.policy, "sources", None)
+        left = [t for t in self.trajs if t.state != DONE]
+        counts: dict[str, int] = {}
+        for t in left:
+            counts[STATE_NAMES[t.state]] = counts.get(STATE_NAMES[t.state], 0) + 1
+        states = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        usable = [s for s in self.live if sources is None or s.source in sources]
+        serving = [s for s in usable if s.role in DECODING]
+        only = "" if sources is None else " (it uses " + "/".join(sorted(x.value for x in sources)) + " GPUs only)"
+        gpus_fix = ("give the policy GPUs it may use: --dedicated N >= 1 (static policies use dedicated GPUs only), "
+                    "--lent N, or an availability trace that adds GPUs")
+        if not self.live:
+            why, fix = "no GPU is present", gpus_fix
+        elif not usable:
+            why, fix = f"none of the {len(self.live)} present GPUs is one policy {name} may use{only}", gpus_fix
+        elif not serving:
+            why, fix = f"policy {name} serves on none of the {len(usable)} GPUs it may use", gpus_fix
+        else:
+            waiting = [t for t in left if t.state in (PENDING, WAIT)]
+            need = max((self.need_new(t) for t in waiting), default=0)
+            free = max(self.free_for_new(s) for s in serving)
+            headroom = getattr(self.policy, "kv_headroom", 0.0)
+            keeps = f" (policy {name} keeps {headroom:.0%} of a GPU's KV free)" if headroom else ""
+            why = (f"the waiting trajectories do not fit: the largest needs {need} KV tokens, the most a serving "
+                   f"GPU of policy {name} has free is {free}{keeps}")
+            fix = "use a GPU/model pair whose KV memory holds the longest trajectory, or shorten the workload"
+        return NoProgressError(
+            f"replay cannot progress at t={self.now:.0f} s: batch {self.batch} has {len(left)} of "
+            f"{len(self.trajs)} trajectories left ({states}), {why}, and no pending event (arrival, lending, "
+            "tool return, switch) can change that",
+            fix=fix,
+            policy=name, time=self.now, batch=self.batch, left=len(left),
+        )
 
     def _schedule_tick(self) -> list[Event]:
         if self._tick_pending or not math.isfinite(self.replan_interval_s) or self.replan_interval_s <= 0:

@@ -17,7 +17,8 @@ its policy API (``set_role``, ``migrate``, ``order``/``choose_slot`` for dispatc
   ``RollplanPolicy``.
 
 Re-invocation: on every availability event, at batch start and every ``replan_interval_s`` (the simulator
-calls ``on_replan``); dispatch (``order`` + ``choose_slot``) runs whenever capacity frees up.
+calls ``on_replan``; it skips interval calls while nothing changes and nothing runs, see
+``rollplan.sim.engine.IDLE_TICKS``); dispatch (``order`` + ``choose_slot``) runs whenever capacity frees up.
 """
 
 from __future__ import annotations
@@ -306,8 +307,12 @@ class RollplanPolicy(BasePolicy):
     def __init__(self, backend: str = "greedy", time_limit: float = 0.02, switch_weight: float = 0.01,
                  deterministic: bool = True, kv_headroom: float = KV_HEADROOM) -> None:
         from rollplan.sim.predict import Predictor
-        from rollplan.solver import Planner, PlannerConfig
+        from rollplan.solver import BACKENDS, Planner, PlannerConfig
 
+        # Checked here, not at the first plan: the planner's error would otherwise be caught and logged at
+        # every re-plan while the replay waits forever for a plan.
+        if backend not in BACKENDS:
+            raise UnknownNameError("planner backend", backend, BACKENDS)
         self.backend = backend
         self.time_limit = time_limit
         self.switch_weight = switch_weight

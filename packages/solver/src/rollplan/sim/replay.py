@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from rollplan.models.errors import UserInputError
 from rollplan.models.perf import default_provider
 from rollplan.models.specs import gpu_kind, model_spec
 from rollplan.models.types import AvailabilityEvent, EngineState, EventKind, Slot, SlotSource
-from rollplan.sim.engine import FastPerf, SimConfig, SimTraj, Simulator
+from rollplan.sim.engine import FastPerf, NoProgressError, SimConfig, SimTraj, Simulator
 from rollplan.sim.events import Event, EvKind
 from rollplan.sim.lending import LendingConfig, LendingSchedule, LendMode, TrainStep
 from rollplan.sim.metrics import Recorder, summarize
@@ -432,6 +433,39 @@ class PolicyRun:
     summary: dict[str, Any]
 
 
+def check_can_progress(scenario: Scenario, policy: Any) -> None:
+    """Raise ``NoProgressError`` when ``policy`` can never get a GPU in ``scenario``: none of the dedicated,
+    lent or trace GPUs is of a source the policy may use (``policy.sources``; None: any). Such a replay would
+    never progress (without an end time: never end); the simulator detects that too, this says why up front.
+    Raises ``UserInputError`` when the scenario has no end at all (no ``max_batches`` and no end time)."""
+    offered: dict[SlotSource, str] = {}
+    if scenario.dedicated > 0:
+        offered[SlotSource.DEDICATED] = "dedicated"
+    if scenario.lending.gpus > 0:
+        offered[SlotSource.LENT_BY_TRAINING] = "lent"
+    for ev in scenario.trace.events if scenario.trace is not None else ():
+        for sl in ev.slots:
+            offered.setdefault(sl.source, "trace")
+    if scenario.max_batches is None and math.isinf(scenario.end_time):
+        raise UserInputError(f"scenario {scenario.name!r} has no end: no max_batches, no trace, no duration_s",
+                             fix="set max_batches (--batches N), duration_s, or replay an availability trace")
+    sources = getattr(policy, "sources", None)
+    if any(sources is None or src in sources for src in offered):
+        return
+    name = getattr(policy, "name", "?")
+    have = (f"dedicated={scenario.dedicated}, lent={scenario.lending.gpus}, trace "
+            + ("none" if scenario.trace is None else "adds " + ("/".join(sorted(
+                x.value for x, w in offered.items() if w == "trace")) or "no") + " GPUs"))
+    if sources is None:
+        raise NoProgressError(f"policy {name} has no GPU to run on ({have})",
+                              fix="give --dedicated N >= 1, --lent N >= 1 or an availability trace that adds GPUs",
+                              policy=name)
+    only = "/".join(sorted(x.value for x in sources))
+    raise NoProgressError(
+        f"policy {name} has no GPU it may use: it uses {only} GPUs only and the scenario has none ({have})",
+        fix="give --dedicated N >= 1, or leave the static policies out of --policies", policy=name)
+
+
 def run_policy(
     scenario: Scenario,
     policy: Any,
@@ -439,7 +473,10 @@ def run_policy(
     perf_for: Callable[[str, int], FastPerf] | None = None,
     on_batch: Callable[[int, float], None] | None = None,
 ) -> PolicyRun:
-    """Replay ``scenario`` under ``policy`` (a fresh policy object per replay)."""
+    """Replay ``scenario`` under ``policy`` (a fresh policy object per replay). Raises ``NoProgressError``
+    when the policy can never run anything (``check_can_progress``) or the replay stops progressing with no end
+    time (see ``rollplan.sim.engine``)."""
+    check_can_progress(scenario, policy)
     perf_for = perf_for or perf_factory(scenario.model, calibrated=scenario.calibrated, config=scenario.sim)
     driver = RLDriver(scenario)
     driver.on_batch_callback = on_batch
@@ -491,6 +528,8 @@ def run_replay(
     on_batch: Callable[[str, int, float], None] | None = None,
 ) -> ReplayResult:
     """Replay ``scenario`` under each of ``policies`` (fresh policy objects), sharing the performance tables."""
+    for pol in policies:  # every policy checked before the first replay runs
+        check_can_progress(scenario, pol)
     perf_for = perf_factory(scenario.model, calibrated=scenario.calibrated, config=scenario.sim)
     t0, c0 = time.perf_counter(), time.process_time()
     runs = []
@@ -539,7 +578,6 @@ def batch_source(
 ) -> BatchSource:
     """``builtin`` (synthetic prompt set), ``swebench`` (the shared SWE-bench traces in ``data_dir``), or a
     workload JSONL file (every batch is that file, re-varied from batch 1 on). Contexts cut to the model's."""
-    from rollplan.models.errors import UserInputError
     from rollplan.sim.workload import load_workload
 
     max_ctx = model_spec(model).max_context
@@ -573,6 +611,7 @@ __all__ = [
     "availability_events",
     "batch_source",
     "builtin_bases",
+    "check_can_progress",
     "lending_from",
     "perf_factory",
     "run_policy",
