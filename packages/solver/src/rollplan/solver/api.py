@@ -33,7 +33,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rollplan.models.errors import PlanValidationError, UnknownNameError
+from rollplan.models.errors import PlanValidationError, SolverError, UnknownNameError
 from rollplan.models.types import Action, AvailabilityEvent, ClusterSnapshot, Plan, Role, SolveStatus
 from rollplan.solver.actions import build_actions, make_plan, release_idle
 from rollplan.solver.backends.base import Backend, Decision
@@ -235,6 +235,9 @@ def plan(snapshot: ClusterSnapshot, *, previous: Plan | None = None, config: Pla
                         hint = Decision(roles=prev.roles, placement=prev.placement, status=SolveStatus.HEURISTIC)
                 try:
                     decision = backend.solve(inst, budget=budget, hint=hint)
+                except SolverError as err:  # a known limit (e.g. exhaustive's size): one line, no traceback
+                    log.warning("planner: backend %s cannot solve this instance (%s); using greedy", config.backend, err)
+                    decision = None
                 except Exception:  # the planner must answer; the greedy plan is always there
                     log.warning("planner: backend %s failed; using greedy", config.backend, exc_info=True)
         if decision is not None:
