@@ -34,6 +34,13 @@ def test_same_seed_same_report() -> None:
     assert other["policies"]["elastic-colocated"] != reports[0]["policies"]["elastic-colocated"]
 
 
+def test_worker_processes_give_the_serial_report() -> None:
+    serial = deterministic_report(build_report(run_replay(_scenario(7), [make_policy(n) for n in POLICY_NAMES])))
+    res = run_replay(_scenario(7), [make_policy(n) for n in POLICY_NAMES], jobs=2)
+    assert [r.name for r in res.runs] == list(POLICY_NAMES) and res.cpu_s > 0
+    assert deterministic_report(build_report(res)) == serial
+
+
 def test_async_overlaps_training_with_the_next_rollout() -> None:
     sync = run_policy(_scenario(3, "sync"), make_policy("elastic-colocated")).summary
     asyn = run_policy(_scenario(3, "async"), make_policy("elastic-colocated")).summary

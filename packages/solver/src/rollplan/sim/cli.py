@@ -18,12 +18,13 @@ from rollplan.models.errors import UserInputError
 DEFAULT_DATA = Path("../shared/data")
 
 
-def _progress_runner(scenario: Any, policies: list[Any], *, quiet: bool) -> Any:
-    """Run the replay under a rich progress bar (on stderr; none when ``quiet``)."""
+def _progress_runner(scenario: Any, policies: list[Any], *, quiet: bool, jobs: int = 1) -> Any:
+    """Run the replay under a rich progress bar (on stderr; none when ``quiet``). With ``jobs`` > 1 the
+    policies run in worker processes and each bar fills when its policy is done."""
     from rollplan.sim.replay import run_replay
 
     if quiet:
-        return run_replay(scenario, policies)
+        return run_replay(scenario, policies, jobs=jobs)
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -41,7 +42,7 @@ def _progress_runner(scenario: Any, policies: list[Any], *, quiet: bool) -> Any:
         def batch(name: str, k: int, t: float) -> None:
             prog.update(tasks[name], completed=min(per, float(k) if by_batches else t))
 
-        res = run_replay(scenario, policies, on_policy_start=start, on_batch=batch)
+        res = run_replay(scenario, policies, on_policy_start=start, on_batch=batch, jobs=jobs)
         for name, tid in tasks.items():
             prog.update(tid, completed=per)
             del name
@@ -157,6 +158,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "--lending", help="Lending config file (JSON or TOML, docs/inputs.md); replaces --lent, --train-step-s, "
                               "--mode.")] = None,
         gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1, help="GPUs per trace node.")] = 1,
+        jobs: Annotated[int, typer.Option("--jobs", min=1, help="Worker processes (policies in parallel).")] = 1,
         groups: Annotated[int, typer.Option("--groups", min=1, help="Prompts per batch (builtin/swebench).")] = 32,
         samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per prompt (builtin/swebench).")] = 8,
         data: Annotated[Path, typer.Option("--data", help="Shared data folder (for --workload swebench).")] = DEFAULT_DATA,
@@ -211,7 +213,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         )
         pols = [make_policy(n, pd=split, backend=backend, time_limit=time_limit) for n in names]
         t0 = time.perf_counter()
-        result = _progress_runner(sc, pols, quiet=as_json)
+        result = _progress_runner(sc, pols, quiet=as_json, jobs=jobs)
         report = build_report(result)
         paths = write_report_or_fail(report, out)
         idle = [r.name for r in result.runs if r.summary["batches_completed"] == 0]
@@ -258,6 +260,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         traces: Annotated[str, typer.Option("--traces", help="'all' or a comma list of bench trace names.")] = "all",
         seed: Annotated[int, typer.Option("--seed")] = 0,
         as_json: Annotated[bool, typer.Option("--json", help="Print the JSON only.")] = False,
+        jobs: Annotated[int, typer.Option("--jobs", min=1, help="Worker processes per trace (same results).")] = 1,
     ) -> None:
         """The replay benchmark on every shared trace: throughput ratios, last-10% shares, p3 replay wall time."""
         from rollplan.sim.bench_replay import BENCH_TRACES, run_bench
@@ -267,7 +270,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         for n in names or ():
             if n not in known:
                 raise UserInputError(f"unknown bench trace {n!r}", fix=f"use 'all' or some of {sorted(known)}")
-        doc = run_bench(data, traces=names, seed=seed,
+        doc = run_bench(data, traces=names, seed=seed, jobs=jobs,
                         on_trace=None if as_json else (lambda n: print(f"replaying {n} ...", file=sys.stderr)))
         print(json.dumps(doc, indent=1))
         if as_json:
