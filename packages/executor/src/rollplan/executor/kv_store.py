@@ -9,7 +9,9 @@ folder exists, but creates that folder before it writes the per-layer files, and
 With several engines on one store, an engine can match an entry another engine is still writing (the
 engines of a group prefill the same prompt at the same moment) and load a missing or half-written file:
 its EngineCore raises and the engine is dead (``EngineDeadError``). An engine killed while writing (a
-node lost) leaves an entry that kills every later engine matching it. Both were seen in CI.
+node lost) leaves an entry that kills every later engine matching it. CI failed that way after a node
+removal (``EngineDeadError`` on the surviving engines); loading a cut-short entry reproduces the crash
+(``tests/executor/test_kv_store.py``, checked against the plain connector).
 
 What this subclass changes (the file layout stays vLLM's):
 - every layer file is written under a unique temporary name and renamed into place (readers see whole
