@@ -268,7 +268,7 @@ DISPATCH_Z = 1.77
 spreads (of decode tokens and tool seconds, from the samples behind the prediction). 1.77 is about the
 expected largest of 16 standard normal samples: of a prompt's samples the longest decides when the group is
 done, so prompts whose lengths vary a lot start early. The plain mean let trajectories predicted short (but
-long) start 400-500 s into throughput-bound batches of the bench's Bamboo p3 replay."""
+long) start late in throughput-bound batches of the bench's Bamboo p3 replay and finish last."""
 
 
 class _CountingClock:
