@@ -51,19 +51,9 @@ class _Acc:
     def add(self, t: Totals) -> None:
         self.n += 1
         s, ss = self.s, self.ss
-        # Unrolled (three accumulators per finished trajectory): same sums in the same order as a loop.
-        v = t.decode
-        s[0] += v
-        ss[0] += v * v
-        v = t.prefill
-        s[1] += v
-        ss[1] += v * v
-        v = t.tool
-        s[2] += v
-        ss[2] += v * v
-        v = t.turns
-        s[3] += v
-        ss[3] += v * v
+        for i, v in enumerate((t.decode, t.prefill, t.tool, t.turns)):
+            s[i] += v
+            ss[i] += v * v
 
     def mean(self) -> Totals:
         n = self.n
