@@ -211,3 +211,48 @@ def test_disaggregated_turn_matches_hand_computed_time() -> None:
     s = run.summary
     assert s["gpu_seconds"].get("prefill", 0) > 0 and s["gpu_seconds"].get("decode", 0) > 0
     assert s["batches"][0]["rollout_s"] == pytest.approx(expected, rel=0.01)
+
+
+def _tool_kv_run(mode: str) -> tuple[dict, dict[str, float]]:
+    # One slot with ~30k tokens of KV. A (8.3k tokens) decodes, then waits 60 s on a tool; B needs 24.5k
+    # tokens, which fit only without A's KV. FCFS: A is admitted first and B waits.
+    cfg = SimConfig(fold_tool_s=0.0, mem_util=0.285, tool_kv=mode)
+    specs = [
+        SimTraj("A", "gA", 8000, (0, 0), (300, 50), (60.0, 0.0)),
+        SimTraj("B", "gB", 24000, (0,), (500,), (0.0,)),
+    ]
+    sc = Scenario("tool-kv", BatchSource(tuple(specs)), dedicated=1, max_batches=1, sim=cfg)
+    pol = DoneTimes(make_policy("static-colocated"))
+    run = run_policy(sc, pol)
+    return run.summary, pol.at
+
+
+def test_tool_kv_modes_pinned_evictable_offload() -> None:
+    prompts = 8000 + 24000
+    pinned, at_p = _tool_kv_run("pinned")
+    evict, at_e = _tool_kv_run("evictable")
+    off, at_o = _tool_kv_run("offload")
+    # pinned: B waits for A to finish (after A's 60 s tool call); A's KV is never touched.
+    assert at_p["A"] > 60.0 and at_p["B"] > at_p["A"]
+    assert pinned["counters"].get("evictions", 0) == 0 and pinned["prefill_tokens"] == prompts
+    # evictable: B takes A's KV as soon as A goes to its tool; A re-prefills its 8,300-token context.
+    assert at_e["B"] < 20.0 < 60.0 < at_e["A"]
+    assert evict["counters"]["evictions"] == 1
+    assert evict["prefill_tokens"] == prompts + 8000 + 300
+    # offload: the same admission, but A's context comes back from the store, not re-prefilled.
+    assert at_o["B"] == pytest.approx(at_e["B"])
+    assert off["counters"]["evictions"] == 1 and off["counters"]["kv_reloads"] == 1
+    assert off["prefill_tokens"] == prompts
+    p = perf_model("h800", "qwen3-8b")
+    reload_s = p.kv_transfer_time(8300, same_node=False)
+    assert at_o["A"] < at_e["A"]
+    assert at_o["A"] >= 60.0 + reload_s
+    # Every mode decodes the workload's tokens.
+    assert pinned["decode_tokens"] == evict["decode_tokens"] == off["decode_tokens"] == 850
+
+
+def test_unknown_tool_kv_mode_is_a_user_error() -> None:
+    from rollplan.models.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="tool KV mode"):
+        SimConfig(tool_kv="lru")

@@ -167,6 +167,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         replan_interval: Annotated[float, typer.Option("--replan-interval", min=0.0, help="Seconds between re-plans.")] = 120.0,
         pd: Annotated[str, typer.Option("--pd", help="static-disagg P:D split (and formula-pd's start).")] = "1:3",
         fold_tool_s: Annotated[float, typer.Option("--fold-tool-s", min=0.0, help="Simulator segment folding.")] = 30.0,
+        tool_kv: Annotated[str, typer.Option(
+            "--tool-kv", help="KV of trajectories in tool calls, every policy: pinned | evictable (vLLM prefix "
+                              "cache, re-prefill) | offload (KV store, reload).")] = "pinned",
         out: Annotated[Path, typer.Option("--out", help="Folder for report.json and the plots.")] = Path("replay-out"),
         as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON (no plot series) on stdout.")] = False,
         seed: Annotated[int, typer.Option("--seed", help="Seed of the workload variation.")] = 0,
@@ -182,6 +185,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         model_spec(model)
         gpu_kind(gpu)
+        sim_cfg = SimConfig(fold_tool_s=fold_tool_s, tool_kv=tool_kv)
         if mode not in ("sync", "async"):
             raise UserInputError(f"unknown mode {mode!r}", fix="use --mode sync or --mode async")
         if trace_format not in TRACE_FORMATS:
@@ -209,7 +213,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             name=f"replay:{Path(availability).name if trace else 'none'}",
             batches=batch_source(workload, model=model, groups=groups, samples=samples, seed=seed, data_dir=data),
             model=model, gpu=gpu, dedicated=dedicated, trace=trace, lending=lending,
-            max_batches=batches, seed=seed, sim=SimConfig(fold_tool_s=fold_tool_s), replan_interval_s=replan_interval,
+            max_batches=batches, seed=seed, sim=sim_cfg, replan_interval_s=replan_interval,
         )
         pols = [make_policy(n, pd=split, backend=backend, time_limit=time_limit) for n in names]
         t0 = time.perf_counter()
@@ -261,16 +265,25 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         seed: Annotated[int, typer.Option("--seed")] = 0,
         as_json: Annotated[bool, typer.Option("--json", help="Print the JSON only.")] = False,
         jobs: Annotated[int, typer.Option("--jobs", min=1, help="Worker processes per trace (same results).")] = 1,
+        tool_kv: Annotated[str, typer.Option(
+            "--tool-kv", help="KV of trajectories in tool calls, every policy: pinned | evictable | offload "
+                              "(see rollplan replay --help).")] = "pinned",
     ) -> None:
         """The replay benchmark on every shared trace: throughput ratios, last-10% shares, p3 replay wall time."""
         from rollplan.sim.bench_replay import BENCH_TRACES, run_bench
+        from rollplan.sim.engine import TOOL_KV_MODES
+
+        if tool_kv not in TOOL_KV_MODES:
+            from rollplan.models.errors import UnknownNameError
+
+            raise UnknownNameError("tool KV mode", tool_kv, TOOL_KV_MODES)
 
         names = None if traces == "all" else tuple(t.strip() for t in traces.split(",") if t.strip())
         known = {t[0] for t in BENCH_TRACES}
         for n in names or ():
             if n not in known:
                 raise UserInputError(f"unknown bench trace {n!r}", fix=f"use 'all' or some of {sorted(known)}")
-        doc = run_bench(data, traces=names, seed=seed, jobs=jobs,
+        doc = run_bench(data, traces=names, seed=seed, jobs=jobs, tool_kv=tool_kv,
                         on_trace=None if as_json else (lambda n: print(f"replaying {n} ...", file=sys.stderr)))
         print(json.dumps(doc, indent=1))
         if as_json:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-from rollplan.models.errors import UserInputError
+from rollplan.models.errors import UnknownNameError, UserInputError
 from rollplan.models.perf import PerfModel
 from rollplan.models.types import AvailabilityEvent, EngineState, EventKind, Role, Slot, SlotSource
 from rollplan.sim.events import Event, EventQueue, EvKind
@@ -79,6 +79,9 @@ class NoProgressError(UserInputError):
     no pending event (arrival, lending, tool return, switch) can change that. Raised instead of looping."""
 
 
+TOOL_KV_MODES = ("pinned", "evictable", "offload")
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     """Simulator physics knobs (not policy choices).
@@ -87,6 +90,13 @@ class SimConfig:
     ``prefill_chunk``: tokens per prefill chunk (vLLM's default budget). ``admit_watermark``: share of a slot's
     KV kept free when admitting a *new* trajectory (vLLM's watermark). ``role_switch_s``: seconds to switch a
     warm engine's role (routing change of a kv_both engine; same default as the planner).
+    ``tool_kv``: what happens to the KV of a trajectory waiting on a tool call (``TOOL_KV_MODES``), the same for
+    every policy. "pinned" (default): it stays reserved on its slot until the trajectory finishes or a returning
+    resident of that slot needs the room. "evictable": vLLM's default, where a finished turn's blocks stay in
+    the prefix cache and a new admission may evict them (least recently used first); the trajectory then
+    re-prefills its whole context when it comes back. "offload": as "evictable", but the engines save every
+    finished turn's KV to a store (a kv_both connector, as the executor runs: Mooncake / LMCache style), so an
+    evicted trajectory's context is loaded back (``FastPerf.transfer`` across nodes) instead of re-prefilled.
     """
 
     fold_tool_s: float = 30.0
@@ -95,6 +105,11 @@ class SimConfig:
     admit_watermark: float = 0.01
     role_switch_s: float = 0.05
     max_num_seqs: int = 256
+    tool_kv: str = "pinned"
+
+    def __post_init__(self) -> None:
+        if self.tool_kv not in TOOL_KV_MODES:
+            raise UnknownNameError("tool KV mode", self.tool_kv, TOOL_KV_MODES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -535,6 +550,7 @@ class TrajState:
         "epoch",
         "final",
         "group",
+        "host",
         "idx",
         "key",
         "kv_ok",
@@ -569,6 +585,7 @@ class TrajState:
         "t_done",
         "t_start",
         "tool",
+        "tool_t0",
         "tool_until",
         "turn",
     )
@@ -604,8 +621,10 @@ class TrajState:
         self.decoded = 0.0
         self.prefilled = 0.0
         self.final = False
+        self.host = False  # its context's KV is in the store (``tool_kv`` "offload"): loaded back, not re-prefilled
         self.admit_seq = 0
         self.tool_until = 0.0
+        self.tool_t0 = 0.0  # when its current tool call began (LRU order of evictable KV)
         self.seg_rrho = 0.0  # remote prefill seconds per decode step (DECODE slots with a PREFILL pool)
         self.seg_t0 = 0.0
         self.pf_start = 0.0
@@ -723,6 +742,8 @@ class Simulator:
         self._pf_slots: list[SlotState] = []
         self.slot_epoch = 0  # bumped whenever a slot's role, readiness, presence or return deadline changes
         self._fold = config.fold_tool_s
+        self._evictable = config.tool_kv != "pinned"
+        self._offload = config.tool_kv == "offload"
         self._folds: dict[int, tuple[SimTraj, FoldIndex]] = {}  # id(spec) -> FoldIndex (see _plan_segment)
 
     # -- setup / main loop -------------------------------------------------------------------------------
@@ -1073,6 +1094,21 @@ class Simulator:
         if j.slot != s.idx:
             room -= s.watermark
         seg = self._plan_segment(j, s, room)
+        if seg is None and j.slot != s.idx and self._evictable:
+            while seg is None:
+                victim = self._idle_victim(s)
+                if victim is None:
+                    break
+                self._evict(self.trajs[victim])
+                room = s.kv_cap - s.reserved - s.watermark
+                seg = self._plan_segment(j, s, room)
+        if seg is not None and j.host and j.slot != s.idx:
+            # Its KV is in the host tier: load it (the slot holds the room meanwhile), then run.
+            self._reserve(j, s, j.ctx)
+            j.state = MOVE
+            j.epoch = self._new_epoch()
+            self.recorder.count("kv_reloads")
+            return [self.q.make(self.now + s.perf.transfer(j.ctx, False), EvKind.JOIN, j.idx, j.epoch)]
         while seg is None and j.slot == s.idx:
             victim = self._victim(s, j.idx)
             if victim is None:
@@ -1099,11 +1135,37 @@ class Simulator:
                 return v
         return None
 
+    def _idle_victim(self, s: SlotState) -> int | None:
+        """The resident in a tool call whose KV a new admission takes first (``tool_kv`` evictable / offload):
+        the least recently used, i.e. the one that went to its tool earliest (an engine does not know when a
+        tool call will return)."""
+        trajs = self.trajs
+        best, best_t = None, math.inf
+        now = self.now
+        for v in s.residents:
+            t = trajs[v]
+            if t.state == TOOL and t.move_ready <= now and t.tool_t0 < best_t:
+                best, best_t = v, t.tool_t0
+        return best
+
+    def _idle_kv(self, s: SlotState) -> int:
+        """KV tokens on ``s`` held by residents in a tool call (evictable unless ``tool_kv`` is "pinned")."""
+        trajs = self.trajs
+        now = self.now
+        n = 0
+        for v in s.residents:
+            t = trajs[v]
+            if t.state == TOOL and t.move_ready <= now:
+                n += t.reserved
+        return n
+
     def _evict(self, v: TrajState) -> None:
         """Preempt v's KV (recompute later), as vLLM does when memory runs out."""
         self.recorder.count("evictions")
         if v.state == TOOL:
             self._release(v)
+            if self._offload:
+                v.host = True
         else:
             self._release(v)
             self._enqueue(v)
@@ -1268,6 +1330,9 @@ class Simulator:
         j.state = TOOL
         self._epoch += 1  # self._new_epoch(), inlined
         j.epoch = self._epoch
+        j.tool_t0 = self.now
+        if self._evictable and j.slot >= 0 and self.n_pending:
+            self._dirty = True  # its KV just became evictable: a queued admission may fit now
         until = j.tool_until = self.now + seconds
         return [self.q.make(until, _TOOL_DONE, j.idx, j.epoch)]
 
@@ -1381,6 +1446,7 @@ class Simulator:
             return self._join(j, s)
         if j.state == MOVE:
             j.kv_ok = True
+            j.host = False
             if j.owed_tool > 0:
                 return self._go_tool(j, j.owed_tool)
             j.state = WAIT
@@ -1864,6 +1930,8 @@ class Simulator:
 
     def free_for_new(self, s: SlotState) -> int:
         """KV tokens a new admission may take on ``s`` (free KV minus the admission watermark)."""
+        if self._evictable:
+            return s.kv_cap - s.reserved - s.watermark + self._idle_kv(s)
         return s.kv_cap - s.reserved - s.watermark
 
     def decode_slots(self) -> list[SlotState]:

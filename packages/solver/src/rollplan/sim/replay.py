@@ -324,6 +324,7 @@ class Scenario:
             "batch_size": self.batches.batch_size,
             "seed": self.seed,
             "fold_tool_s": self.sim.fold_tool_s,
+            "tool_kv": self.sim.tool_kv,
             "replan_interval_s": self.replan_interval_s,
             "warmup_batches": self.warmup_batches,
         }
