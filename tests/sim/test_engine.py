@@ -1,7 +1,8 @@
 """The event simulator: event order, a hand-computed makespan, conservation, fold consistency.
 
 Invariants checked with hypothesis (``test_conservation``), for every policy on random seeded scenarios
-(synthetic workload, synthetic spot trace with and without notice, lending, sync and async):
+(synthetic workload, synthetic spot trace with and without notice, lending, sync and async, every tool-call KV
+model, with and without shared prompts):
 - every trajectory of every batch completes exactly once;
 - decode tokens produced == the workload's decode tokens (all batches complete);
 - GPU-seconds by category never exceed present-time x GPUs; no KV reservation left when a batch is done.
@@ -104,14 +105,16 @@ def test_fast_perf_tables_stay_within_one_percent() -> None:
         assert fp.prefill(n, c) == pytest.approx(_chunked_prefill(p, n, c), rel=0.01)
 
 
-def _random_scenario(seed: int, *, mode: str, notice: float, batches: int = 2) -> Scenario:
+def _random_scenario(seed: int, *, mode: str, notice: float, batches: int = 2, tool_kv: str = "pinned",
+                     share: bool = False) -> Scenario:
     trace = synthetic_spot_trace(4 * 3600, max_gpus=6, seed=seed, mean_alloc_gap_s=200, mean_preempt_gap_s=150,
                                  notice_s=notice)
     src = BatchSource.dataset(builtin_bases(seed, prompts=12), groups=4, samples=4, seed=seed, max_context=40960)
     return Scenario(
         f"random{seed}", src, dedicated=2, trace=trace,
         lending=LendingConfig(gpus=2, train_step_s=60.0, mode=LendMode(mode), reclaim_notice_s=5.0),
-        max_batches=batches, sim=SimConfig(fold_tool_s=5.0), replan_interval_s=90.0,
+        max_batches=batches, sim=SimConfig(fold_tool_s=5.0, tool_kv=tool_kv, share_prompt=share),
+        replan_interval_s=90.0,
     )
 
 
@@ -133,10 +136,11 @@ class CountingPolicy:
         self.inner.on_traj_done(sim, j)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), mode=st.sampled_from(["sync", "async"]), notice=st.sampled_from([0.0, 30.0]))
-def test_conservation(seed: int, mode: str, notice: float) -> None:
-    sc = _random_scenario(seed, mode=mode, notice=notice)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), mode=st.sampled_from(["sync", "async"]), notice=st.sampled_from([0.0, 30.0]),
+       tool_kv=st.sampled_from(["pinned", "evictable", "offload"]), share=st.booleans())
+def test_conservation(seed: int, mode: str, notice: float, tool_kv: str, share: bool) -> None:
+    sc = _random_scenario(seed, mode=mode, notice=notice, tool_kv=tool_kv, share=share)
     for name in POLICY_NAMES:
         pol = CountingPolicy(make_policy(name))
         run = run_policy(sc, pol)
@@ -256,3 +260,23 @@ def test_unknown_tool_kv_mode_is_a_user_error() -> None:
 
     with pytest.raises(UserInputError, match="tool KV mode"):
         SimConfig(tool_kv="lru")
+
+
+def _shared_prompt_run(share: bool) -> tuple[dict, dict[str, float]]:
+    # One slot with ~30k tokens of KV; two samples of one prompt (16k tokens), 300 decode tokens each. Apart
+    # they need 32.6k tokens, so B waits for A; sharing the prompt they need 16.6k and run together.
+    cfg = SimConfig(fold_tool_s=0.0, mem_util=0.285, share_prompt=share)
+    specs = [SimTraj("A", "g", 16000, (0,), (300,), (0.0,)), SimTraj("B", "g", 16000, (0,), (300,), (0.0,))]
+    sc = Scenario("share", BatchSource(tuple(specs)), dedicated=1, max_batches=1, sim=cfg)
+    pol = DoneTimes(make_policy("static-colocated"))
+    return run_policy(sc, pol).summary, pol.at
+
+
+def test_shared_prompt_is_held_and_prefilled_once_per_slot() -> None:
+    alone, at_a = _shared_prompt_run(False)
+    shared, at_s = _shared_prompt_run(True)
+    assert alone["prefill_tokens"] == 32000 and shared["prefill_tokens"] == 16000
+    assert at_a["B"] > at_a["A"] + 1.0  # B waited for A's KV
+    assert at_s["B"] == pytest.approx(at_s["A"], abs=0.5)  # together
+    assert shared["batches"][0]["rollout_s"] < alone["batches"][0]["rollout_s"]
+    assert shared["decode_tokens"] == alone["decode_tokens"] == 600

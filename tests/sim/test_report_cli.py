@@ -107,8 +107,9 @@ def test_replay_reads_a_lending_config_file(tmp_path: Path, capsys: pytest.Captu
 
 def test_replay_tool_kv_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["replay", "--availability", "none", *SMALL, "--policies", "static-colocated", "--out", str(tmp_path / "o")]
-    assert main([*argv, "--tool-kv", "offload", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["scenario"]["tool_kv"] == "offload"
+    assert main([*argv, "--tool-kv", "offload", "--share-prompt", "--json"]) == 0
+    sc = json.loads(capsys.readouterr().out)["scenario"]
+    assert (sc["tool_kv"], sc["share_prompt"]) == ("offload", True)
     assert main([*argv, "--tool-kv", "lru"]) == 2
     assert "unknown tool KV mode 'lru'" in _one_line_error(capsys)
     assert main(["bench", "replay", "--tool-kv", "lru"]) == 2

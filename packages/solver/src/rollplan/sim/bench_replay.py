@@ -59,8 +59,9 @@ LONGEST_FIRST = ("rollplan", "formula-pd", "elastic-colocated", "static-colocate
 
 
 def bench_scenario(data_dir: Path, trace_name: str, *, bases: Any = None, seed: int = 0,
-                   tool_kv: str = "pinned") -> Scenario:
-    """The benchmark scenario on one of ``BENCH_TRACES``; ``tool_kv``: ``SimConfig.tool_kv`` (every policy)."""
+                   tool_kv: str = "pinned", share_prompt: bool = False) -> Scenario:
+    """The benchmark scenario on one of ``BENCH_TRACES``; ``tool_kv`` and ``share_prompt``: the ``SimConfig``
+    fields (every policy)."""
     entry = next((t for t in BENCH_TRACES if t[0] == trace_name), None)
     if entry is None:
         raise UserInputError(f"unknown bench trace {trace_name!r}", fix=f"use one of {[t[0] for t in BENCH_TRACES]}")
@@ -76,7 +77,7 @@ def bench_scenario(data_dir: Path, trace_name: str, *, bases: Any = None, seed: 
         trace=trace,
         lending=LendingConfig(gpus=8, gpu="h800", train_step_s=120.0, mode=LendMode.SYNC),
         seed=seed,
-        sim=SimConfig(tool_kv=tool_kv),
+        sim=SimConfig(tool_kv=tool_kv, share_prompt=share_prompt),
         replan_interval_s=REPLAN_INTERVAL_S,
         warmup_batches=WARMUP_BATCHES,
     )
@@ -160,6 +161,7 @@ def run_bench(
     on_trace: Callable[[str], None] | None = None,
     jobs: int = 1,
     tool_kv: str = "pinned",
+    share_prompt: bool = False,
 ) -> dict[str, Any]:
     """Run the benchmark; returns the JSON document (rows per trace + timing of the p3 replay). ``jobs``: worker
     processes per trace (``run_replay``); the rows do not depend on it, the timing does."""
@@ -176,7 +178,7 @@ def run_bench(
     for name in names:
         if on_trace is not None:
             on_trace(name)
-        sc = bench_scenario(d, name, bases=bases, seed=seed, tool_kv=tool_kv)
+        sc = bench_scenario(d, name, bases=bases, seed=seed, tool_kv=tool_kv, share_prompt=share_prompt)
         t0, c0 = time.perf_counter(), time.process_time()
         # With workers, the longest runs first (as measured on p3), so the short ones fill in at the end.
         order = list(POLICY_NAMES) if jobs == 1 else sorted(POLICY_NAMES, key=LONGEST_FIRST.index)
@@ -210,7 +212,7 @@ def run_bench(
             "dedicated_gpus": 16, "lent_gpus": 8, "preemptible_max_gpus": 16, "gpu": "h800", "model": "qwen3-8b",
             "workload": f"swebench {GROUPS} prompts x {SAMPLES} samples per batch", "mode": "sync",
             "train_step_s": 120.0, "notice_s": 30.0, "replan_interval_s": REPLAN_INTERVAL_S,
-            "fold_tool_s": SimConfig().fold_tool_s, "tool_kv": tool_kv, "rollplan_backend": "greedy", "rollplan_time_limit_s": 0.02,
+            "fold_tool_s": SimConfig().fold_tool_s, "tool_kv": tool_kv, "share_prompt": share_prompt, "rollplan_backend": "greedy", "rollplan_time_limit_s": 0.02,
             "warmup_batches": WARMUP_BATCHES, "seed": seed,
         },
         "targets": TARGETS,

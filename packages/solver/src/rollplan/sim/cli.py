@@ -170,6 +170,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         tool_kv: Annotated[str, typer.Option(
             "--tool-kv", help="KV of trajectories in tool calls, every policy: pinned | evictable (vLLM prefix "
                               "cache, re-prefill) | offload (KV store, reload).")] = "pinned",
+        share_prompt: Annotated[bool, typer.Option(
+            "--share-prompt", help="Samples of a prompt on one GPU share its prompt's KV and prefill (prefix cache).")] = False,
         out: Annotated[Path, typer.Option("--out", help="Folder for report.json and the plots.")] = Path("replay-out"),
         as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON (no plot series) on stdout.")] = False,
         seed: Annotated[int, typer.Option("--seed", help="Seed of the workload variation.")] = 0,
@@ -185,7 +187,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         model_spec(model)
         gpu_kind(gpu)
-        sim_cfg = SimConfig(fold_tool_s=fold_tool_s, tool_kv=tool_kv)
+        sim_cfg = SimConfig(fold_tool_s=fold_tool_s, tool_kv=tool_kv, share_prompt=share_prompt)
         if mode not in ("sync", "async"):
             raise UserInputError(f"unknown mode {mode!r}", fix="use --mode sync or --mode async")
         if trace_format not in TRACE_FORMATS:
@@ -268,6 +270,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         tool_kv: Annotated[str, typer.Option(
             "--tool-kv", help="KV of trajectories in tool calls, every policy: pinned | evictable | offload "
                               "(see rollplan replay --help).")] = "pinned",
+        share_prompt: Annotated[bool, typer.Option(
+            "--share-prompt", help="Samples of a prompt on one GPU share its prompt's KV and prefill.")] = False,
     ) -> None:
         """The replay benchmark on every shared trace: throughput ratios, last-10% shares, p3 replay wall time."""
         from rollplan.sim.bench_replay import BENCH_TRACES, run_bench
@@ -283,7 +287,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         for n in names or ():
             if n not in known:
                 raise UserInputError(f"unknown bench trace {n!r}", fix=f"use 'all' or some of {sorted(known)}")
-        doc = run_bench(data, traces=names, seed=seed, jobs=jobs, tool_kv=tool_kv,
+        doc = run_bench(data, traces=names, seed=seed, jobs=jobs, tool_kv=tool_kv, share_prompt=share_prompt,
                         on_trace=None if as_json else (lambda n: print(f"replaying {n} ...", file=sys.stderr)))
         print(json.dumps(doc, indent=1))
         if as_json:

@@ -97,6 +97,9 @@ class SimConfig:
     re-prefills its whole context when it comes back. "offload": as "evictable", but the engines save every
     finished turn's KV to a store (a kv_both connector, as the executor runs: Mooncake / LMCache style), so an
     evicted trajectory's context is loaded back (``FastPerf.transfer`` across nodes) instead of re-prefilled.
+    ``share_prompt``: samples of one prompt (a group) on one slot share its prompt's KV and prefill (vLLM's
+    prefix caching): the prompt's KV is held once per slot while any of them is resident, and a sample admitted
+    where a sibling is resident prefills only what follows the prompt.
     """
 
     fold_tool_s: float = 30.0
@@ -106,6 +109,7 @@ class SimConfig:
     role_switch_s: float = 0.05
     max_num_seqs: int = 256
     tool_kv: str = "pinned"
+    share_prompt: bool = False
 
     def __post_init__(self) -> None:
         if self.tool_kv not in TOOL_KV_MODES:
@@ -452,6 +456,7 @@ class SlotState:
         "cat_since",
         "engine",
         "gpu",
+        "groups",
         "heap",
         "id",
         "idx",
@@ -514,6 +519,7 @@ class SlotState:
         self.rho_sum = 0.0
         self.reserved = 0
         self.residents: dict[int, None] = {}
+        self.groups: dict[str, int] = {}  # group -> residents holding its shared prompt (``share_prompt``)
         # Kept equal to kv_cap - reserved and len(residents) on every change (read by placement scans).
         self.kv_free = self.kv_cap
         self.n_res = 0
@@ -579,6 +585,7 @@ class TrajState:
         "seg_rho",
         "seg_rrho",
         "seg_t0",
+        "share",
         "slot",
         "spec",
         "state",
@@ -608,7 +615,8 @@ class TrajState:
         self.ctx = spec.prompt_tokens
         self.kv_ok = False
         self.slot = -1
-        self.reserved = 0
+        self.reserved = 0  # KV tokens reserved on ``slot`` for j alone (its share of a shared prompt excluded)
+        self.share = 0  # prompt tokens shared with its siblings on a slot (``SimConfig.share_prompt``; else 0)
         self.seg_k = self.seg_m = 0
         self.seg_D = self.seg_V0 = self.seg_kv = self.seg_rho = self.seg_W = 0.0
         self.seg_ctx0 = self.seg_ctx_end = 0
@@ -744,6 +752,7 @@ class Simulator:
         self._fold = config.fold_tool_s
         self._evictable = config.tool_kv != "pinned"
         self._offload = config.tool_kv == "offload"
+        self._share = config.share_prompt
         self._folds: dict[int, tuple[SimTraj, FoldIndex]] = {}  # id(spec) -> FoldIndex (see _plan_segment)
 
     # -- setup / main loop -------------------------------------------------------------------------------
@@ -775,6 +784,7 @@ class Simulator:
         s.heap.clear()
         s.n_run, s.kv_sum, s.rho_sum, s.reserved = 0, 0.0, 0.0, 0
         s.residents.clear()
+        s.groups.clear()
         s.kv_free, s.n_res = s.kv_cap, 0
         s.waiting.clear()
         s.pf_busy = self.now
@@ -975,11 +985,19 @@ class Simulator:
         s.t_ref = max(s.t_ref, self.now) + seconds
 
     def _reserve(self, j: TrajState, s: SlotState, tokens: int) -> None:
+        """Reserve ``tokens`` of KV (j's whole context) for j on s; a shared prompt is held once per slot."""
+        sh = j.share
+        tokens -= sh
         if j.slot == s.idx:
             s.reserved += tokens - j.reserved
         else:
             if j.slot >= 0:
                 self._release(j)
+            if sh:
+                n = s.groups.get(j.group, 0)
+                if not n:
+                    s.reserved += sh
+                s.groups[j.group] = n + 1
             s.reserved += tokens
             s.residents[j.idx] = None
             s.n_res = len(s.residents)
@@ -994,6 +1012,13 @@ class Simulator:
         if j.slot >= 0:
             s = self.slots[j.slot]
             s.reserved -= j.reserved
+            if j.share:
+                n = s.groups[j.group] - 1
+                if n:
+                    s.groups[j.group] = n
+                else:
+                    del s.groups[j.group]
+                    s.reserved -= j.share
             s.residents.pop(j.idx, None)
             s.kv_free, s.n_res = s.kv_cap - s.reserved, len(s.residents)
             if j.idx in s.waiting:
@@ -1012,7 +1037,9 @@ class Simulator:
         if j.kv_ok and j.slot == s.idx:
             cached, p0 = j.ctx, new
         else:
-            cached, p0 = 0, j.ctx + new
+            # Without its own KV: a resident sibling's prompt is reused (prefix cache), the rest prefilled.
+            cached = self._sibling_prompt(j, s)
+            p0 = j.ctx + new - cached
         ctx0 = j.ctx + new
         dec = dec_[k] - j.dec_done
         ctx_end = ctx0 + math.ceil(dec)
@@ -1090,7 +1117,7 @@ class Simulator:
                 s.waiting.append(j.idx)
             return []
         own = j.reserved if j.slot == s.idx else 0
-        room = s.kv_cap - s.reserved + own
+        room = s.kv_cap - s.reserved + own + self.prefix_bonus(s, j)
         if j.slot != s.idx:
             room -= s.watermark
         seg = self._plan_segment(j, s, room)
@@ -1100,7 +1127,7 @@ class Simulator:
                 if victim is None:
                     break
                 self._evict(self.trajs[victim])
-                room = s.kv_cap - s.reserved - s.watermark
+                room = s.kv_cap - s.reserved - s.watermark + self.prefix_bonus(s, j)
                 seg = self._plan_segment(j, s, room)
         if seg is not None and j.host and j.slot != s.idx:
             # Its KV is in the host tier: load it (the slot holds the room meanwhile), then run.
@@ -1114,7 +1141,7 @@ class Simulator:
             if victim is None:
                 break
             self._evict(self.trajs[victim])
-            room = s.kv_cap - s.reserved + j.reserved
+            room = s.kv_cap - s.reserved + j.reserved + self.prefix_bonus(s, j)
             seg = self._plan_segment(j, s, room)
         if seg is None:
             if j.slot != s.idx:  # a new admission that does not fit: back to the policy
@@ -1725,6 +1752,9 @@ class Simulator:
         self.batch_active = True
         self.weights_version = weights_version
         self.trajs = [TrajState(i, sp, index, keys[i]) for i, sp in enumerate(specs)]
+        if self._share:
+            for t in self.trajs:
+                t.share = t.spec.prompt_tokens
         for perf in {id(s.perf): s.perf for s in self.slots}.values():
             perf.prime(specs)
         if self.slots:
@@ -1833,7 +1863,7 @@ class Simulator:
         if t.slot == target or t.slot < 0 or not t.kv_ok or t.state in (PREFILL, MOVE):
             return False
         if by_kv:
-            if dst.kv_cap - dst.reserved < t.ctx:
+            if dst.kv_cap - dst.reserved + self.prefix_bonus(dst, t) < t.ctx:
                 return False
             src = self.slots[t.slot]
             if t.state == RUN:
@@ -1926,7 +1956,19 @@ class Simulator:
 
     def fits_new(self, s: SlotState, j: TrajState) -> bool:
         """Whether pending ``j`` could start its next turn on ``s`` now (KV, with the admission watermark)."""
-        return self.free_for_new(s) >= self.need_new(j)
+        return self.free_for_new(s) + self.prefix_bonus(s, j) >= self.need_new(j)
+
+    def prefix_bonus(self, s: SlotState, j: TrajState) -> int:
+        """KV tokens of j's context already held on ``s`` for its group (``share_prompt``): j's prompt when any
+        resident of its group is there, j itself included (the prompt is counted once per slot)."""
+        return j.share if j.share and j.group in s.groups else 0
+
+    def _sibling_prompt(self, j: TrajState, s: SlotState) -> int:
+        """Prompt tokens j can take from a resident sibling's KV on ``s`` (0 unless ``share_prompt``)."""
+        if not j.share:
+            return 0
+        n = s.groups.get(j.group, 0) - (1 if j.slot == s.idx else 0)
+        return j.share if n > 0 else 0
 
     def free_for_new(self, s: SlotState) -> int:
         """KV tokens a new admission may take on ``s`` (free KV minus the admission watermark)."""

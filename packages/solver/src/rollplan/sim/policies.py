@@ -110,10 +110,11 @@ class BasePolicy:
             n = s.n_res
             if n <= best_n and (n < best_n or free > best_free):
                 best, best_n, best_free = s, n, free
-        need = sim.need_new(sim.trajs[j])
-        if sim.free_for_new(best) >= need:
+        t = sim.trajs[j]
+        need = sim.need_new(t)
+        if sim.free_for_new(best) + sim.prefix_bonus(best, t) >= need:
             return best.idx
-        if sim.free_for_new(roomiest) >= need:
+        if sim.free_for_new(roomiest) + sim.prefix_bonus(roomiest, t) >= need:
             return roomiest.idx
         return None
 
@@ -559,12 +560,12 @@ class RollplanPolicy(BasePolicy):
         if t.preferred >= 0:
             s = sim.slots[t.preferred]
             if (s.present and s.role in DECODING and s.ready_at <= sim.now
-                    and sim.free_for_new(s) - need >= h * s.kv_cap):
+                    and sim.free_for_new(s) + sim.prefix_bonus(s, t) - need >= h * s.kv_cap):
                 return s.idx
         best = None
         best_key = (0, 0)
         for s in self.candidates(sim):
-            if sim.free_for_new(s) - need < h * s.kv_cap:
+            if sim.free_for_new(s) + sim.prefix_bonus(s, t) - need < h * s.kv_cap:
                 continue
             key = (s.n_res, -s.kv_free)
             if best is None or key < best_key:

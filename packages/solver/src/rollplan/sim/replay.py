@@ -325,6 +325,7 @@ class Scenario:
             "seed": self.seed,
             "fold_tool_s": self.sim.fold_tool_s,
             "tool_kv": self.sim.tool_kv,
+            "share_prompt": self.sim.share_prompt,
             "replan_interval_s": self.replan_interval_s,
             "warmup_batches": self.warmup_batches,
         }
