@@ -125,6 +125,7 @@ class CountingPolicy:
         self.inner = inner
         self.name = inner.name
         self.done: dict[tuple[int, str], int] = {}
+        self.left_at_batch_end: list[tuple[int, int]] = []
 
     def __getattr__(self, item):
         return getattr(self.inner, item)
@@ -133,6 +134,9 @@ class CountingPolicy:
         t = sim.trajs[j]
         key = (t.batch, t.spec.id)
         self.done[key] = self.done.get(key, 0) + 1
+        if sim.batch_left == 1:  # the batch's last trajectory (its own KV already released)
+            self.left_at_batch_end.append(
+                (sum(s.reserved for s in sim.slots), sum(len(s.residents) + len(s.groups) for s in sim.slots)))
         self.inner.on_traj_done(sim, j)
 
 
@@ -151,6 +155,7 @@ def test_conservation(seed: int, mode: str, notice: float, tool_kv: str, share: 
         assert set(pol.done.values()) == {1}, name
         assert s["decode_tokens"] == pytest.approx(sum(t.decode_tokens for t in expected), rel=1e-9, abs=1e-3), name
         assert s["trajectories_completed"] == len(expected)
+        assert pol.left_at_batch_end == [(0, 0), (0, 0)], name  # no KV reservation left after a batch
         present = s["gpu_seconds_present"]
         assert present <= s["replay_s"] * (2 + 2 + 6) + 1e-6
 
