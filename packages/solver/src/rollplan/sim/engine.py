@@ -92,11 +92,12 @@ class SimConfig:
     warm engine's role (routing change of a kv_both engine; same default as the planner).
     ``tool_kv``: what happens to the KV of a trajectory waiting on a tool call (``TOOL_KV_MODES``), the same for
     every policy. "pinned" (default): it stays reserved on its slot until the trajectory finishes or a returning
-    resident of that slot needs the room. "evictable": vLLM's default, where a finished turn's blocks stay in
-    the prefix cache and a new admission may evict them (least recently used first); the trajectory then
-    re-prefills its whole context when it comes back. "offload": as "evictable", but the engines save every
-    finished turn's KV to a store (a kv_both connector, as the executor runs: Mooncake / LMCache style), so an
-    evicted trajectory's context is loaded back (``FastPerf.transfer`` across nodes) instead of re-prefilled.
+    resident of that slot needs the room. "evictable": vLLM's default (the executor's engines too: their file
+    connector matches whole prompts only, so a later turn reuses only the GPU prefix cache), where a finished
+    turn's blocks stay in the prefix cache and a new admission may evict them (least recently used first); the
+    trajectory then re-prefills its whole context when it comes back. "offload": as "evictable", but every
+    finished turn's KV is also in a store that matches prefixes (LMCache / Mooncake style), so an evicted
+    trajectory's context is loaded back (``FastPerf.transfer`` across nodes) instead of re-prefilled.
     ``share_prompt``: samples of one prompt (a group) on one slot share its prompt's KV and prefill (vLLM's
     prefix caching): the prompt's KV is held once per slot while any of them is resident, and a sample admitted
     where a sibling is resident prefills only what follows the prompt.
