@@ -5,7 +5,8 @@ Invariants checked with hypothesis (``test_conservation``), for every policy on 
 model, with and without shared prompts):
 - every trajectory of every batch completes exactly once;
 - decode tokens produced == the workload's decode tokens (all batches complete);
-- GPU-seconds by category never exceed present-time x GPUs; no KV reservation left when a batch is done.
+- GPU-seconds by category never exceed present-time x GPUs; no KV reservation left when a batch is done;
+- each slot's running total of KV held by residents in tool calls equals a scan of its residents.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ class CountingPolicy:
         self.name = inner.name
         self.done: dict[tuple[int, str], int] = {}
         self.left_at_batch_end: list[tuple[int, int]] = []
+        self.idle_mismatch = 0
 
     def __getattr__(self, item):
         return getattr(self.inner, item)
@@ -134,6 +136,7 @@ class CountingPolicy:
         t = sim.trajs[j]
         key = (t.batch, t.spec.id)
         self.done[key] = self.done.get(key, 0) + 1
+        self.idle_mismatch += sum(s.idle != sim._idle_kv(s) for s in sim.live)  # incremental == scan
         if sim.batch_left == 1:  # the batch's last trajectory (its own KV already released)
             self.left_at_batch_end.append(
                 (sum(s.reserved for s in sim.slots), sum(len(s.residents) + len(s.groups) for s in sim.slots)))
@@ -156,6 +159,7 @@ def test_conservation(seed: int, mode: str, notice: float, tool_kv: str, share: 
         assert s["decode_tokens"] == pytest.approx(sum(t.decode_tokens for t in expected), rel=1e-9, abs=1e-3), name
         assert s["trajectories_completed"] == len(expected)
         assert pol.left_at_batch_end == [(0, 0), (0, 0)], name  # no KV reservation left after a batch
+        assert pol.idle_mismatch == 0, name
         present = s["gpu_seconds_present"]
         assert present <= s["replay_s"] * (2 + 2 + 6) + 1e-6
 

@@ -460,6 +460,7 @@ class SlotState:
         "groups",
         "heap",
         "id",
+        "idle",
         "idx",
         "kv_cap",
         "kv_free",
@@ -521,6 +522,7 @@ class SlotState:
         self.reserved = 0
         self.residents: dict[int, None] = {}
         self.groups: dict[str, int] = {}  # group -> residents holding its shared prompt (``share_prompt``)
+        self.idle = 0  # KV tokens reserved by residents in a tool call (kept equal to Simulator._idle_kv)
         # Kept equal to kv_cap - reserved and len(residents) on every change (read by placement scans).
         self.kv_free = self.kv_cap
         self.n_res = 0
@@ -786,6 +788,7 @@ class Simulator:
         s.n_run, s.kv_sum, s.rho_sum, s.reserved = 0, 0.0, 0.0, 0
         s.residents.clear()
         s.groups.clear()
+        s.idle = 0
         s.kv_free, s.n_res = s.kv_cap, 0
         s.waiting.clear()
         s.pf_busy = self.now
@@ -991,6 +994,8 @@ class Simulator:
         tokens -= sh
         if j.slot == s.idx:
             s.reserved += tokens - j.reserved
+            if j.state == TOOL:
+                s.idle += tokens - j.reserved
         else:
             if j.slot >= 0:
                 self._release(j)
@@ -1000,6 +1005,8 @@ class Simulator:
                     s.reserved += sh
                 s.groups[j.group] = n + 1
             s.reserved += tokens
+            if j.state == TOOL:
+                s.idle += tokens
             s.residents[j.idx] = None
             s.n_res = len(s.residents)
             j.slot = s.idx
@@ -1013,6 +1020,8 @@ class Simulator:
         if j.slot >= 0:
             s = self.slots[j.slot]
             s.reserved -= j.reserved
+            if j.state == TOOL:
+                s.idle -= j.reserved
             if j.share:
                 n = s.groups[j.group] - 1
                 if n:
@@ -1169,21 +1178,20 @@ class Simulator:
         tool call will return)."""
         trajs = self.trajs
         best, best_t = None, math.inf
-        now = self.now
         for v in s.residents:
             t = trajs[v]
-            if t.state == TOOL and t.move_ready <= now and t.tool_t0 < best_t:
+            if t.state == TOOL and t.tool_t0 < best_t:
                 best, best_t = v, t.tool_t0
         return best
 
     def _idle_kv(self, s: SlotState) -> int:
-        """KV tokens on ``s`` held by residents in a tool call (evictable unless ``tool_kv`` is "pinned")."""
+        """KV tokens on ``s`` held by residents in a tool call (evictable unless ``tool_kv`` is "pinned"), by
+        a scan: the reference for ``s.idle``, which the simulator keeps up to date (tests compare the two)."""
         trajs = self.trajs
-        now = self.now
         n = 0
         for v in s.residents:
             t = trajs[v]
-            if t.state == TOOL and t.move_ready <= now:
+            if t.state == TOOL:
                 n += t.reserved
         return n
 
@@ -1355,6 +1363,8 @@ class Simulator:
 
     def _go_tool(self, j: TrajState, seconds: float) -> list[Event]:
         j.owed_tool = 0.0
+        if j.slot >= 0 and j.state != TOOL:
+            self.slots[j.slot].idle += j.reserved
         j.state = TOOL
         self._epoch += 1  # self._new_epoch(), inlined
         j.epoch = self._epoch
@@ -1487,6 +1497,8 @@ class Simulator:
             return []
         if j.final:
             return self._complete(j)
+        if j.slot >= 0 and (j.kv_ok or j.move_ready > self.now):
+            self.slots[j.slot].idle -= j.reserved  # it leaves its tool call, keeping its KV
         if j.move_ready > self.now and j.slot >= 0:
             j.state = MOVE
             j.epoch = self._new_epoch()
@@ -1974,7 +1986,7 @@ class Simulator:
     def free_for_new(self, s: SlotState) -> int:
         """KV tokens a new admission may take on ``s`` (free KV minus the admission watermark)."""
         if self._evictable:
-            return s.kv_cap - s.reserved - s.watermark + self._idle_kv(s)
+            return s.kv_cap - s.reserved - s.watermark + s.idle
         return s.kv_cap - s.reserved - s.watermark
 
     def decode_slots(self) -> list[SlotState]:
