@@ -84,13 +84,17 @@ def test_tiny_static_case_matches_hand_computed_makespan() -> None:
     assert run.summary["trajectories_completed"] == 1
 
 
-def test_two_trajectories_share_one_slot() -> None:
-    # Two identical single-turn trajectories start together: one batch of 2 for the whole decode.
-    spec = [SimTraj(f"t{i}", "g0", 1000, (0,), (300,), (0.0,)) for i in range(2)]
+@pytest.mark.parametrize("same_prompt", [False, True])
+def test_two_trajectories_share_one_slot(same_prompt: bool) -> None:
+    # Two single-turn trajectories start together: one batch of 2 for the whole decode. Two samples of one
+    # prompt prefill it once (shared prompts, the default); two prompts of the same length twice.
+    spec = [SimTraj(f"t{i}", "g0" if same_prompt else f"g{i}", 1000, (0,), (300,), (0.0,)) for i in range(2)]
     p = perf_model("h800", "qwen3-8b")
-    expected = 2 * _chunked_prefill(p, 1000, 0) + 300 * p.decode_step_time(2, 1150)
+    prefills = 1 if same_prompt else 2
+    expected = prefills * _chunked_prefill(p, 1000, 0) + 300 * p.decode_step_time(2, 1150)
     run = run_policy(_one_slot_scenario(spec), make_policy("static-colocated"))
-    assert run.summary["batches"][0]["rollout_s"] == pytest.approx(expected, rel=0.01)
+    assert run.summary["batches"][0]["rollout_s"] == pytest.approx(expected, rel=0.005)
+    assert run.summary["prefill_tokens"] == 1000 * prefills
 
 
 def test_fast_perf_tables_stay_within_one_percent() -> None:
@@ -198,7 +202,7 @@ def test_waiting_turn_evicts_a_resident_that_went_to_its_tool() -> None:
     # One slot with ~30k tokens of KV. B comes back from a 1 s tool call needing 8k more tokens: no room,
     # and A (still decoding) cannot be evicted, so B waits. When A starts its 60 s tool call, B evicts A at
     # once (an engine retries waiting requests every step) instead of waiting ~30 s for C to finish.
-    cfg = SimConfig(fold_tool_s=0.0, mem_util=0.285)
+    cfg = SimConfig(fold_tool_s=0.0, mem_util=0.285, tool_kv="pinned")
     assert 28_000 < perf_model("h800", "qwen3-8b").kv_capacity_tokens(cfg.mem_util) < 32_000
     specs = [
         SimTraj("A", "gA", 8000, (0, 0), (300, 50), (60.0, 0.0)),

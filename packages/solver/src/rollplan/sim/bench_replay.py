@@ -59,7 +59,7 @@ LONGEST_FIRST = ("rollplan", "formula-pd", "elastic-colocated", "static-colocate
 
 
 def bench_scenario(data_dir: Path, trace_name: str, *, bases: Any = None, seed: int = 0,
-                   tool_kv: str = "pinned", share_prompt: bool = False) -> Scenario:
+                   tool_kv: str = "evictable", share_prompt: bool = True) -> Scenario:
     """The benchmark scenario on one of ``BENCH_TRACES``; ``tool_kv`` and ``share_prompt``: the ``SimConfig``
     fields (every policy)."""
     entry = next((t for t in BENCH_TRACES if t[0] == trace_name), None)
@@ -160,8 +160,8 @@ def run_bench(
     seed: int = 0,
     on_trace: Callable[[str], None] | None = None,
     jobs: int = 1,
-    tool_kv: str = "pinned",
-    share_prompt: bool = False,
+    tool_kv: str = "evictable",
+    share_prompt: bool = True,
 ) -> dict[str, Any]:
     """Run the benchmark; returns the JSON document (rows per trace + timing of the p3 replay). ``jobs``: worker
     processes per trace (``run_replay``); the rows do not depend on it, the timing does."""

@@ -169,9 +169,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         fold_tool_s: Annotated[float, typer.Option("--fold-tool-s", min=0.0, help="Simulator segment folding.")] = 30.0,
         tool_kv: Annotated[str, typer.Option(
             "--tool-kv", help="KV of trajectories in tool calls, every policy: pinned | evictable (vLLM prefix "
-                              "cache, re-prefill) | offload (KV store, reload).")] = "pinned",
+                              "cache, re-prefill) | offload (KV store, reload).")] = "evictable",
         share_prompt: Annotated[bool, typer.Option(
-            "--share-prompt", help="Samples of a prompt on one GPU share its prompt's KV and prefill (prefix cache).")] = False,
+            "--share-prompt/--no-share-prompt",
+            help="Samples of a prompt on one GPU share its prompt's KV and prefill (prefix cache).")] = True,
         out: Annotated[Path, typer.Option("--out", help="Folder for report.json and the plots.")] = Path("replay-out"),
         as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON (no plot series) on stdout.")] = False,
         seed: Annotated[int, typer.Option("--seed", help="Seed of the workload variation.")] = 0,
@@ -269,9 +270,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         jobs: Annotated[int, typer.Option("--jobs", min=1, help="Worker processes per trace (same results).")] = 1,
         tool_kv: Annotated[str, typer.Option(
             "--tool-kv", help="KV of trajectories in tool calls, every policy: pinned | evictable | offload "
-                              "(see rollplan replay --help).")] = "pinned",
+                              "(see rollplan replay --help).")] = "evictable",
         share_prompt: Annotated[bool, typer.Option(
-            "--share-prompt", help="Samples of a prompt on one GPU share its prompt's KV and prefill.")] = False,
+            "--share-prompt/--no-share-prompt",
+            help="Samples of a prompt on one GPU share its prompt's KV and prefill.")] = True,
     ) -> None:
         """The replay benchmark on every shared trace: throughput ratios, last-10% shares, p3 replay wall time."""
         from rollplan.sim.bench_replay import BENCH_TRACES, run_bench

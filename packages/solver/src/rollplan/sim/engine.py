@@ -109,8 +109,8 @@ class SimConfig:
     admit_watermark: float = 0.01
     role_switch_s: float = 0.05
     max_num_seqs: int = 256
-    tool_kv: str = "pinned"
-    share_prompt: bool = False
+    tool_kv: str = "evictable"
+    share_prompt: bool = True
 
     def __post_init__(self) -> None:
         if self.tool_kv not in TOOL_KV_MODES:
@@ -521,7 +521,8 @@ class SlotState:
         self.rho_sum = 0.0
         self.reserved = 0
         self.residents: dict[int, None] = {}
-        self.groups: dict[str, int] = {}  # group -> residents holding its shared prompt (``share_prompt``)
+        # group -> [its residents, prompt tokens held for it, its residents not in a tool call] (``share_prompt``)
+        self.groups: dict[str, list[int]] = {}
         self.idle = 0  # KV tokens reserved by residents in a tool call (kept equal to Simulator._idle_kv)
         # Kept equal to kv_cap - reserved and len(residents) on every change (read by placement scans).
         self.kv_free = self.kv_cap
@@ -588,6 +589,7 @@ class TrajState:
         "seg_rho",
         "seg_rrho",
         "seg_t0",
+        "sh",
         "share",
         "slot",
         "spec",
@@ -619,7 +621,8 @@ class TrajState:
         self.kv_ok = False
         self.slot = -1
         self.reserved = 0  # KV tokens reserved on ``slot`` for j alone (its share of a shared prompt excluded)
-        self.share = 0  # prompt tokens shared with its siblings on a slot (``SimConfig.share_prompt``; else 0)
+        self.share = 0  # its prompt tokens, shareable with siblings on a slot (``SimConfig.share_prompt``; else 0)
+        self.sh = 0  # the part of them it shares on ``slot`` now (its reservation leaves them out)
         self.seg_k = self.seg_m = 0
         self.seg_D = self.seg_V0 = self.seg_kv = self.seg_rho = self.seg_W = 0.0
         self.seg_ctx0 = self.seg_ctx_end = 0
@@ -990,20 +993,31 @@ class Simulator:
 
     def _reserve(self, j: TrajState, s: SlotState, tokens: int) -> None:
         """Reserve ``tokens`` of KV (j's whole context) for j on s; a shared prompt is held once per slot."""
-        sh = j.share
-        tokens -= sh
         if j.slot == s.idx:
+            tokens -= j.sh
             s.reserved += tokens - j.reserved
             if j.state == TOOL:
                 s.idle += tokens - j.reserved
         else:
             if j.slot >= 0:
                 self._release(j)
-            if sh:
-                n = s.groups.get(j.group, 0)
-                if not n:
-                    s.reserved += sh
-                s.groups[j.group] = n + 1
+            if j.share:
+                # The group's prompt is held once: the first sibling's; the others share up to their own.
+                # It is evictable (``s.idle``) while every resident of the group is in a tool call.
+                g = s.groups.get(j.group)
+                if g is None:
+                    g = s.groups[j.group] = [0, j.share, 0]
+                    s.reserved += j.share
+                was_idle = g[0] > 0 and not g[2]
+                g[0] += 1
+                if j.state != TOOL:
+                    g[2] += 1
+                if not g[2] and not was_idle:
+                    s.idle += g[1]
+                elif was_idle and g[2]:
+                    s.idle -= g[1]
+                j.sh = min(j.share, g[1])
+                tokens -= j.sh
             s.reserved += tokens
             if j.state == TOOL:
                 s.idle += tokens
@@ -1023,12 +1037,19 @@ class Simulator:
             if j.state == TOOL:
                 s.idle -= j.reserved
             if j.share:
-                n = s.groups[j.group] - 1
-                if n:
-                    s.groups[j.group] = n
-                else:
+                g = s.groups[j.group]
+                was_idle = not g[2]
+                g[0] -= 1
+                if j.state != TOOL:
+                    g[2] -= 1
+                if not g[0]:
                     del s.groups[j.group]
-                    s.reserved -= j.share
+                    s.reserved -= g[1]
+                    if was_idle:
+                        s.idle -= g[1]
+                elif not g[2] and not was_idle:
+                    s.idle += g[1]
+                j.sh = 0
             s.residents.pop(j.idx, None)
             s.kv_free, s.n_res = s.kv_cap - s.reserved, len(s.residents)
             if j.idx in s.waiting:
@@ -1189,11 +1210,15 @@ class Simulator:
         a scan: the reference for ``s.idle``, which the simulator keeps up to date (tests compare the two)."""
         trajs = self.trajs
         n = 0
+        active: dict[str, int] = {}
         for v in s.residents:
             t = trajs[v]
             if t.state == TOOL:
                 n += t.reserved
-        return n
+            if t.share:
+                active[t.group] = active.get(t.group, 0) + (t.state != TOOL)
+        # A shared prompt is evictable once every resident of its group is in a tool call.
+        return n + sum(g[1] for grp, g in s.groups.items() if not active.get(grp, 0))
 
     def _evict(self, v: TrajState) -> None:
         """Preempt v's KV (recompute later), as vLLM does when memory runs out."""
@@ -1364,7 +1389,13 @@ class Simulator:
     def _go_tool(self, j: TrajState, seconds: float) -> list[Event]:
         j.owed_tool = 0.0
         if j.slot >= 0 and j.state != TOOL:
-            self.slots[j.slot].idle += j.reserved
+            s = self.slots[j.slot]
+            s.idle += j.reserved
+            if j.share:
+                g = s.groups[j.group]
+                g[2] -= 1
+                if not g[2]:
+                    s.idle += g[1]
         j.state = TOOL
         self._epoch += 1  # self._new_epoch(), inlined
         j.epoch = self._epoch
@@ -1498,7 +1529,13 @@ class Simulator:
         if j.final:
             return self._complete(j)
         if j.slot >= 0 and (j.kv_ok or j.move_ready > self.now):
-            self.slots[j.slot].idle -= j.reserved  # it leaves its tool call, keeping its KV
+            s = self.slots[j.slot]  # it leaves its tool call, keeping its KV
+            s.idle -= j.reserved
+            if j.share:
+                g = s.groups[j.group]
+                g[2] += 1
+                if g[2] == 1:
+                    s.idle -= g[1]
         if j.move_ready > self.now and j.slot >= 0:
             j.state = MOVE
             j.epoch = self._new_epoch()
@@ -1972,16 +2009,21 @@ class Simulator:
         return self.free_for_new(s) + self.prefix_bonus(s, j) >= self.need_new(j)
 
     def prefix_bonus(self, s: SlotState, j: TrajState) -> int:
-        """KV tokens of j's context already held on ``s`` for its group (``share_prompt``): j's prompt when any
-        resident of its group is there, j itself included (the prompt is counted once per slot)."""
-        return j.share if j.share and j.group in s.groups else 0
+        """KV tokens of j's context already held on ``s`` for its group (``share_prompt``): the group's prompt
+        (up to j's own) when any resident of its group is there, j itself included (held once per slot)."""
+        if not j.share:
+            return 0
+        g = s.groups.get(j.group)
+        return min(j.share, g[1]) if g is not None else 0
 
     def _sibling_prompt(self, j: TrajState, s: SlotState) -> int:
         """Prompt tokens j can take from a resident sibling's KV on ``s`` (0 unless ``share_prompt``)."""
         if not j.share:
             return 0
-        n = s.groups.get(j.group, 0) - (1 if j.slot == s.idx else 0)
-        return j.share if n > 0 else 0
+        g = s.groups.get(j.group)
+        if g is None or g[0] - (1 if j.slot == s.idx else 0) <= 0:
+            return 0
+        return min(j.share, g[1])
 
     def free_for_new(self, s: SlotState) -> int:
         """KV tokens a new admission may take on ``s`` (free KV minus the admission watermark)."""
