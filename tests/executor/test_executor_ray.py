@@ -412,19 +412,33 @@ def test_dead_engine_core_is_replaced(h: Harness, reference_v1) -> None:
     import psutil
 
     ex, ctl = h.executor, h.executor.ctl
-    slot = next(s.id for s in ctl.slots.values() if s.usable and s.engine is not None and s.engine.alive)
+
+    def core_of(pid: int) -> list[psutil.Process]:
+        return [c for c in psutil.Process(pid).children(recursive=True)
+                if "EngineCore" in c.name() or "EngineCore" in " ".join(c.cmdline())]
+
+    # A slot whose engine is up (its EngineCore process exists): a replacement engine started after the
+    # node removal above may still be starting, with no core to kill yet.
+    pid, slot = 0, ""
+    for _ in range(240):
+        live = [s for s in ctl.slots.values() if s.usable and s.engine is not None and s.engine.alive]
+        pids = {s.id: h.run(s.engine.actor.info.remote())["pid"] for s in live if s.engine is not None}
+        ready = [sid for sid, p in pids.items() if core_of(p)]
+        if ready:
+            slot, pid = ready[0], pids[ready[0]]
+            break
+        time.sleep(0.5)
+    assert slot, "no engine with an EngineCore process"
     old = ctl.slots[slot].engine
     assert old is not None
-    pid = h.run(old.actor.info.remote())["pid"]
     killed: list[int] = []
 
     async def scenario() -> list[TrajectoryResult]:
         task = asyncio.create_task(ex.rollout(BATCH, env_factory))
         await until(lambda: turns_done(h) >= 4)
-        for child in psutil.Process(pid).children(recursive=True):
-            if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
-                child.kill()
-                killed.append(child.pid)
+        for child in core_of(pid):
+            child.kill()
+            killed.append(child.pid)
         return await task
 
     results = h.run(scenario(), timeout=600)
