@@ -16,6 +16,12 @@ import typer
 from rollplan.models.errors import UserInputError
 
 DEFAULT_DATA = Path("../shared/data")
+ToolKvOption = Annotated[str, typer.Option(
+    "--tool-kv", help="KV of trajectories in tool calls, every policy: evictable (vLLM prefix cache: new requests "
+                      "may evict it, re-prefill) | pinned (kept) | offload (prefix-matching KV store, reload).")]
+SharePromptOption = Annotated[bool, typer.Option(
+    "--share-prompt/--no-share-prompt",
+    help="Samples of a prompt on one GPU share its prompt's KV and prefill (prefix cache).")]
 
 
 def _progress_runner(scenario: Any, policies: list[Any], *, quiet: bool, jobs: int = 1) -> Any:
@@ -167,12 +173,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         replan_interval: Annotated[float, typer.Option("--replan-interval", min=0.0, help="Seconds between re-plans.")] = 120.0,
         pd: Annotated[str, typer.Option("--pd", help="static-disagg P:D split (and formula-pd's start).")] = "1:3",
         fold_tool_s: Annotated[float, typer.Option("--fold-tool-s", min=0.0, help="Simulator segment folding.")] = 30.0,
-        tool_kv: Annotated[str, typer.Option(
-            "--tool-kv", help="KV of trajectories in tool calls, every policy: pinned | evictable (vLLM prefix "
-                              "cache, re-prefill) | offload (KV store, reload).")] = "evictable",
-        share_prompt: Annotated[bool, typer.Option(
-            "--share-prompt/--no-share-prompt",
-            help="Samples of a prompt on one GPU share its prompt's KV and prefill (prefix cache).")] = True,
+        tool_kv: ToolKvOption = "evictable",
+        share_prompt: SharePromptOption = True,
         out: Annotated[Path, typer.Option("--out", help="Folder for report.json and the plots.")] = Path("replay-out"),
         as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON (no plot series) on stdout.")] = False,
         seed: Annotated[int, typer.Option("--seed", help="Seed of the workload variation.")] = 0,
@@ -268,12 +270,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         seed: Annotated[int, typer.Option("--seed")] = 0,
         as_json: Annotated[bool, typer.Option("--json", help="Print the JSON only.")] = False,
         jobs: Annotated[int, typer.Option("--jobs", min=1, help="Worker processes per trace (same results).")] = 1,
-        tool_kv: Annotated[str, typer.Option(
-            "--tool-kv", help="KV of trajectories in tool calls, every policy: pinned | evictable | offload "
-                              "(see rollplan replay --help).")] = "evictable",
-        share_prompt: Annotated[bool, typer.Option(
-            "--share-prompt/--no-share-prompt",
-            help="Samples of a prompt on one GPU share its prompt's KV and prefill.")] = True,
+        tool_kv: ToolKvOption = "evictable",
+        share_prompt: SharePromptOption = True,
     ) -> None:
         """The replay benchmark on every shared trace: throughput ratios, last-10% shares, p3 replay wall time."""
         from rollplan.sim.bench_replay import BENCH_TRACES, run_bench
