@@ -6,10 +6,12 @@ Model (the contract every policy is measured against; docs/simulator.md explains
   (decode only; prefill done by PREFILL slots, KV shipped over), PREFILL (a FCFS prefill server), OFF.
   Switching (cold start, wake, weight sync, role switch) takes the PerfModel's time; the slot serves
   nothing meanwhile and its running batch is paused.
-- KV memory: a trajectory holds its context in the KV of its slot from admission until it finishes,
-  including tool waits ("pinned"). Admission of the next turn needs room for that turn's growth; when it does
-  not fit, the youngest trajectory of the slot that is not decoding is preempted (vLLM-style recompute: its KV
-  is dropped, its token progress kept; it must re-prefill its whole context wherever it runs next).
+- KV memory: a trajectory holds its context in the KV of its slot from admission until it finishes; during
+  its tool calls that KV may be taken by new admissions (``SimConfig.tool_kv``), and the samples of a prompt
+  share its KV on a slot (``SimConfig.share_prompt``). Admission of the next turn needs room for that turn's
+  growth; when it does not fit, the youngest trajectory of the slot that is not decoding is preempted
+  (vLLM-style recompute: its KV is dropped, its token progress kept; it must re-prefill its whole context
+  wherever it runs next).
 - Analytic fast-forward: between events a slot's decoding set is fixed, so one decode step costs
   ``tau = decode_step_time(b, mean KV) + sum_j rho_j`` and the slot's virtual step counter ``V`` grows
   linearly in time; a trajectory that joined at ``V0`` with ``D`` decode tokens to go finishes at
@@ -91,16 +93,16 @@ class SimConfig:
     KV kept free when admitting a *new* trajectory (vLLM's watermark). ``role_switch_s``: seconds to switch a
     warm engine's role (routing change of a kv_both engine; same default as the planner).
     ``tool_kv``: what happens to the KV of a trajectory waiting on a tool call (``TOOL_KV_MODES``), the same for
-    every policy. "pinned" (default): it stays reserved on its slot until the trajectory finishes or a returning
-    resident of that slot needs the room. "evictable": vLLM's default (the executor's engines too: their file
-    connector matches whole prompts only, so a later turn reuses only the GPU prefix cache), where a finished
-    turn's blocks stay in the prefix cache and a new admission may evict them (least recently used first); the
-    trajectory then re-prefills its whole context when it comes back. "offload": as "evictable", but every
+    every policy. "evictable" (default): vLLM's behaviour (the executor's engines too: their file connector
+    matches whole prompts only, so a later turn reuses only the GPU prefix cache), where a finished turn's blocks
+    stay in the prefix cache and a new admission may evict them (least recently used first); the trajectory then
+    re-prefills its whole context when it comes back. "pinned": it stays reserved on its slot until the
+    trajectory finishes or a returning resident of that slot needs the room. "offload": as "evictable", but every
     finished turn's KV is also in a store that matches prefixes (LMCache / Mooncake style), so an evicted
     trajectory's context is loaded back (``FastPerf.transfer`` across nodes) instead of re-prefilled.
-    ``share_prompt``: samples of one prompt (a group) on one slot share its prompt's KV and prefill (vLLM's
-    prefix caching): the prompt's KV is held once per slot while any of them is resident, and a sample admitted
-    where a sibling is resident prefills only what follows the prompt.
+    ``share_prompt`` (default on): samples of one prompt (a group) on one slot share its prompt's KV and prefill
+    (vLLM's prefix caching): the prompt's KV is held once per slot while any of them is resident, and a sample
+    admitted where a sibling is resident prefills only what follows the prompt.
     """
 
     fold_tool_s: float = 30.0
