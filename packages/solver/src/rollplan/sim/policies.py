@@ -562,14 +562,25 @@ class RollplanPolicy(BasePolicy):
             if (s.present and s.role in DECODING and s.ready_at <= sim.now
                     and sim.free_for_new(s) + sim.prefix_bonus(s, t) - need >= h * s.kv_cap):
                 return s.idx
+        # Hot (every dispatch attempt, over tens of slots): the test above inlined. ``free_for_new`` is
+        # kv_free - watermark (+ idle when tool-call KV is evictable) and ``prefix_bonus`` is at most t.share,
+        # so most slots are rejected without the group lookup.
+        ev = sim.evictable
+        share = t.share
         best = None
-        best_key = (0, 0)
+        best_n = best_free = 0
         for s in self.candidates(sim):
-            if sim.free_for_new(s) + sim.prefix_bonus(s, t) - need < h * s.kv_cap:
-                continue
-            key = (s.n_res, -s.kv_free)
-            if best is None or key < best_key:
-                best, best_key = s.idx, key
+            hc = h * s.kv_cap
+            room = s.kv_free - s.watermark - need + (s.idle if ev else 0)
+            if room < hc:
+                if room + share < hc:
+                    continue
+                g = s.groups.get(t.group)
+                if g is None or room + min(share, g[1]) < hc:
+                    continue
+            n, free = s.n_res, s.kv_free
+            if best is None or n < best_n or (n == best_n and free > best_free):
+                best, best_n, best_free = s.idx, n, free
         return best
 
     def warm_start(self, history: Sequence[tuple[Any, str]]) -> None:
