@@ -18,6 +18,7 @@ time of the whole five-policy replay and simulator events per second.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -56,6 +57,16 @@ WARMUP_BATCHES = 3
 TARGETS = {"vs_elastic": 1.2, "vs_formula_pd": 1.1}
 LONGEST_FIRST = ("rollplan", "formula-pd", "elastic-colocated", "static-colocated", "static-disagg")
 """Policies by their replay time on the bench (``timing.per_policy_cpu_s``): the order they go to workers."""
+
+
+def default_jobs() -> int:
+    """Worker processes the bench uses by default: one per CPU core this process may run on, at most one per
+    policy (the five replays of a trace are independent; the rows do not depend on it)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, len(POLICY_NAMES)))
 
 
 def bench_scenario(data_dir: Path, trace_name: str, *, bases: Any = None, seed: int = 0,

@@ -269,12 +269,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         traces: Annotated[str, typer.Option("--traces", help="'all' or a comma list of bench trace names.")] = "all",
         seed: Annotated[int, typer.Option("--seed")] = 0,
         as_json: Annotated[bool, typer.Option("--json", help="Print the JSON only.")] = False,
-        jobs: Annotated[int, typer.Option("--jobs", min=1, help="Worker processes per trace (same results).")] = 1,
+        jobs: Annotated[int, typer.Option("--jobs", min=0, help="Worker processes per trace (same results); "
+                                          "0: one per CPU core, at most one per policy.")] = 0,
         tool_kv: ToolKvOption = "evictable",
         share_prompt: SharePromptOption = True,
     ) -> None:
         """The replay benchmark on every shared trace: throughput ratios, last-10% shares, p3 replay wall time."""
-        from rollplan.sim.bench_replay import BENCH_TRACES, run_bench
+        from rollplan.sim.bench_replay import BENCH_TRACES, default_jobs, run_bench
         from rollplan.sim.engine import TOOL_KV_MODES
 
         if tool_kv not in TOOL_KV_MODES:
@@ -287,7 +288,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         for n in names or ():
             if n not in known:
                 raise UserInputError(f"unknown bench trace {n!r}", fix=f"use 'all' or some of {sorted(known)}")
-        doc = run_bench(data, traces=names, seed=seed, jobs=jobs, tool_kv=tool_kv, share_prompt=share_prompt,
+        doc = run_bench(data, traces=names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv, share_prompt=share_prompt,
                         on_trace=None if as_json else (lambda n: print(f"replaying {n} ...", file=sys.stderr)))
         print(json.dumps(doc, indent=1))
         if as_json:
