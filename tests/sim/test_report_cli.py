@@ -114,3 +114,15 @@ def test_replay_tool_kv_option(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "unknown tool KV mode 'lru'" in _one_line_error(capsys)
     assert main(["bench", "replay", "--tool-kv", "lru"]) == 2
     assert "unknown tool KV mode 'lru'" in _one_line_error(capsys)
+
+
+def test_bench_replay_mode_and_jobs(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rollplan.sim.bench_replay import bench_scenario, default_jobs
+    from rollplan.sim.lending import LendMode
+    from rollplan.sim.policies import POLICY_NAMES
+
+    assert main(["bench", "replay", "--mode", "offpolicy"]) == 2
+    assert "unknown mode 'offpolicy'" in _one_line_error(capsys)
+    assert bench_scenario(shared_data, "parcae-hh", bases=(), mode="async").lending.mode is LendMode.ASYNC
+    assert bench_scenario(shared_data, "parcae-hh", bases=()).lending.mode is LendMode.SYNC
+    assert 1 <= default_jobs() <= len(POLICY_NAMES)

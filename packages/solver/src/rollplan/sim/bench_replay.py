@@ -6,7 +6,8 @@ node, 30 s preemption notice); Qwen3-8B; batches of 128 prompts x 16 samples dra
 traces (``../shared/data``), each prompt's samples varied around one recorded run, prompts recurring across
 epochs; re-plans on every availability change and every 300 s. Each trace is replayed to its end with all
 five policies (same trace, workload, performance model and seed), as a window of a longer job: the window
-starts at RL step 4, and rollplan's history prior has seen steps 1-3 (``WARMUP_BATCHES``).
+starts at RL step 4, and rollplan's history prior has seen steps 1-3 (``WARMUP_BATCHES``). ``mode="async"``
+(``--mode async``) runs the same scenario one-step off-policy, PEARL's setting.
 
 Per trace it reports the throughput ratios rollplan / elastic-colocated, rollplan / formula-pd,
 rollplan / static-colocated and every policy's last-10% share, on the batches all five completed (the
@@ -70,9 +71,9 @@ def default_jobs() -> int:
 
 
 def bench_scenario(data_dir: Path, trace_name: str, *, bases: Any = None, seed: int = 0,
-                   tool_kv: str = "evictable", share_prompt: bool = True) -> Scenario:
+                   tool_kv: str = "evictable", share_prompt: bool = True, mode: str = "sync") -> Scenario:
     """The benchmark scenario on one of ``BENCH_TRACES``; ``tool_kv`` and ``share_prompt``: the ``SimConfig``
-    fields (every policy)."""
+    fields (every policy); ``mode``: ``LendMode`` (sync: the bench's; async: one-step off-policy, PEARL's)."""
     entry = next((t for t in BENCH_TRACES if t[0] == trace_name), None)
     if entry is None:
         raise UserInputError(f"unknown bench trace {trace_name!r}", fix=f"use one of {[t[0] for t in BENCH_TRACES]}")
@@ -86,7 +87,7 @@ def bench_scenario(data_dir: Path, trace_name: str, *, bases: Any = None, seed: 
         gpu="h800",
         dedicated=16,
         trace=trace,
-        lending=LendingConfig(gpus=8, gpu="h800", train_step_s=120.0, mode=LendMode.SYNC),
+        lending=LendingConfig(gpus=8, gpu="h800", train_step_s=120.0, mode=LendMode(mode)),
         seed=seed,
         sim=SimConfig(tool_kv=tool_kv, share_prompt=share_prompt),
         replan_interval_s=REPLAN_INTERVAL_S,
@@ -173,6 +174,7 @@ def run_bench(
     jobs: int = 1,
     tool_kv: str = "evictable",
     share_prompt: bool = True,
+    mode: str = "sync",
 ) -> dict[str, Any]:
     """Run the benchmark; returns the JSON document (rows per trace + timing of the p3 replay). ``jobs``: worker
     processes per trace (``run_replay``); the rows do not depend on it, the timing does."""
@@ -189,7 +191,7 @@ def run_bench(
     for name in names:
         if on_trace is not None:
             on_trace(name)
-        sc = bench_scenario(d, name, bases=bases, seed=seed, tool_kv=tool_kv, share_prompt=share_prompt)
+        sc = bench_scenario(d, name, bases=bases, seed=seed, tool_kv=tool_kv, share_prompt=share_prompt, mode=mode)
         t0, c0 = time.perf_counter(), time.process_time()
         # With workers, the longest runs first (as measured on p3), so the short ones fill in at the end.
         order = list(POLICY_NAMES) if jobs == 1 else sorted(POLICY_NAMES, key=LONGEST_FIRST.index)
@@ -221,7 +223,7 @@ def run_bench(
         "benchmark": "replay",
         "scenario": {
             "dedicated_gpus": 16, "lent_gpus": 8, "preemptible_max_gpus": 16, "gpu": "h800", "model": "qwen3-8b",
-            "workload": f"swebench {GROUPS} prompts x {SAMPLES} samples per batch", "mode": "sync",
+            "workload": f"swebench {GROUPS} prompts x {SAMPLES} samples per batch", "mode": mode,
             "train_step_s": 120.0, "notice_s": 30.0, "replan_interval_s": REPLAN_INTERVAL_S,
             "fold_tool_s": SimConfig().fold_tool_s, "tool_kv": tool_kv, "share_prompt": share_prompt, "rollplan_backend": "greedy", "rollplan_time_limit_s": 0.02,
             "warmup_batches": WARMUP_BATCHES, "seed": seed,

@@ -273,6 +273,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                           "0: one per CPU core, at most one per policy.")] = 0,
         tool_kv: ToolKvOption = "evictable",
         share_prompt: SharePromptOption = True,
+        mode: Annotated[str, typer.Option("--mode", help="sync (the bench's: rollout, then the training step) | "
+                                          "async (one-step off-policy, as PEARL).")] = "sync",
     ) -> None:
         """The replay benchmark on every shared trace: throughput ratios, last-10% shares, p3 replay wall time."""
         from rollplan.sim.bench_replay import BENCH_TRACES, default_jobs, run_bench
@@ -283,12 +285,15 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
             raise UnknownNameError("tool KV mode", tool_kv, TOOL_KV_MODES)
 
+        if mode not in ("sync", "async"):
+            raise UserInputError(f"unknown mode {mode!r}", fix="use --mode sync or --mode async")
         names = None if traces == "all" else tuple(t.strip() for t in traces.split(",") if t.strip())
         known = {t[0] for t in BENCH_TRACES}
         for n in names or ():
             if n not in known:
                 raise UserInputError(f"unknown bench trace {n!r}", fix=f"use 'all' or some of {sorted(known)}")
         doc = run_bench(data, traces=names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv, share_prompt=share_prompt,
+                        mode=mode,
                         on_trace=None if as_json else (lambda n: print(f"replaying {n} ...", file=sys.stderr)))
         print(json.dumps(doc, indent=1))
         if as_json:
