@@ -268,6 +268,25 @@ def test_tool_kv_modes_pinned_evictable_offload() -> None:
     assert pinned["decode_tokens"] == evict["decode_tokens"] == off["decode_tokens"] == 850
 
 
+def test_offload_reload_skips_a_prompt_a_sibling_holds() -> None:
+    # One slot with ~30k tokens of KV. A (prompt 8k + 4.3k of its own) goes to a 10 s tool call; B (18k) then
+    # evicts A's own 4.3k, not the prompt, which A's sibling A2 (still decoding) holds. When A comes back, only
+    # the 4.3k come from the store: the prompt is matched on the GPU.
+    cfg = SimConfig(fold_tool_s=0.0, mem_util=0.285, tool_kv="offload")
+    specs = [
+        SimTraj("A", "g", 8000, (4000, 0), (300, 50), (10.0, 0.0)),
+        SimTraj("A2", "g", 8000, (0,), (3000,), (0.0,)),
+        SimTraj("B", "gB", 17500, (0,), (500,), (0.0,)),
+    ]
+    sc = Scenario("reload", BatchSource(tuple(specs)), dedicated=1, max_batches=1, sim=cfg)
+    pol = DoneTimes(make_policy("static-colocated"))
+    s = run_policy(sc, pol).summary
+    assert s["counters"]["evictions"] == 1 and s["counters"]["kv_reloads"] == 1
+    assert s["counters"]["kv_reload_tokens"] == 8000 + 4000 + 300 - 8000
+    assert s["prefill_tokens"] == 8000 + 4000 + 17500  # nothing re-prefilled
+    assert pol.at["B"] < pol.at["A"] < pol.at["A2"]
+
+
 def test_unknown_tool_kv_mode_is_a_user_error() -> None:
     from rollplan.models.errors import UserInputError
 

@@ -1164,12 +1164,15 @@ class Simulator:
                 room = s.kv_cap - s.reserved - s.watermark + self.prefix_bonus(s, j)
                 seg = self._plan_segment(j, s, room)
         if seg is not None and j.host and j.slot != s.idx:
-            # Its KV is in the host tier: load it (the slot holds the room meanwhile), then run.
+            # Its KV is in the host tier: load it (the slot holds the room meanwhile), then run. A prompt a
+            # resident sibling holds here is matched on the GPU, so only the rest of the context is loaded.
+            load = j.ctx - self._sibling_prompt(j, s)
             self._reserve(j, s, j.ctx)
             j.state = MOVE
             j.epoch = self._new_epoch()
             self.recorder.count("kv_reloads")
-            return [self.q.make(self.now + s.perf.transfer(j.ctx, False), EvKind.JOIN, j.idx, j.epoch)]
+            self.recorder.count("kv_reload_tokens", load)
+            return [self.q.make(self.now + s.perf.transfer(load, False), EvKind.JOIN, j.idx, j.epoch)]
         while seg is None and j.slot == s.idx:
             victim = self._victim(s, j.idx)
             if victim is None:
