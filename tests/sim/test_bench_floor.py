@@ -1,8 +1,8 @@
 """The bench's rollout floor (``bench_replay.batch_floors``): a lower bound on any policy's batch rollout.
 
 Invariants checked:
-- ``traj_floor`` by hand: decode tokens at batch 1 at the context each turn starts with, plus the tool waits
-  between turns (not after the last);
+- ``traj_floor`` by hand: decode tokens at batch 1 at the context each turn starts with, plus every tool wait
+  (the one after the last turn too: a trajectory finishes after it);
 - on a small replay with churn and lending, every policy's rollout of every completed batch is >= its floor.
 """
 
@@ -25,8 +25,8 @@ def test_traj_floor_by_hand() -> None:
         assert b == 1
         return 0.001 * kv
 
-    # turn 0 starts at 110 tokens, turn 1 at 110 + 5 + 20 = 135; tool 3 s between them, none after the last.
-    assert traj_floor(spec, step) == pytest.approx(5 * 0.110 + 3.0 + 7 * 0.135)
+    # turn 0 starts at 110 tokens, turn 1 at 110 + 5 + 20 = 135; tool 3 s between them, 9 s after the last.
+    assert traj_floor(spec, step) == pytest.approx(5 * 0.110 + 3.0 + 7 * 0.135 + 9.0)
 
 
 def test_no_policy_beats_the_floor() -> None:

@@ -97,17 +97,15 @@ def bench_scenario(data_dir: Path, trace_name: str, *, bases: Any = None, seed: 
 
 def traj_floor(spec: SimTraj, decode_step: Callable[[int, float], float]) -> float:
     """A lower bound on ``spec``'s rollout time under any policy: every decode token at batch 1 (the fastest
-    step there is, at the context the turn starts with) plus its tool waits between turns (prefill and queueing
-    left out, so the bound is loose)."""
+    step there is, at the context the turn starts with) plus all its tool waits, the one after the last turn
+    included (a trajectory finishes when its trailing environment time, e.g. a final test run, is over; see
+    ``rollplan.sim.workload``). Prefill and queueing are left out, so the bound is loose."""
     ctx = float(spec.prompt_tokens)
     t = 0.0
-    n = len(spec.decode)
-    for k in range(n):
+    for k in range(len(spec.decode)):
         ctx += spec.prefill[k]
-        t += spec.decode[k] * decode_step(1, ctx)
+        t += spec.decode[k] * decode_step(1, ctx) + spec.tool[k]
         ctx += spec.decode[k]
-        if k + 1 < n:
-            t += spec.tool[k]
     return t
 
 
