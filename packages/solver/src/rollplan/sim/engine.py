@@ -759,7 +759,6 @@ class Simulator:
         self.slot_epoch = 0  # bumped whenever a slot's role, readiness, presence or return deadline changes
         self._fold = config.fold_tool_s
         self._evictable = config.tool_kv != "pinned"
-        self.evictable = self._evictable  # read-only for policies: whether ``s.idle`` counts as free for new work
         self._offload = config.tool_kv == "offload"
         self._share = config.share_prompt
         self._folds: dict[int, tuple[SimTraj, FoldIndex]] = {}  # id(spec) -> FoldIndex (see _plan_segment)

@@ -259,11 +259,13 @@ class FormulaPD(BasePolicy):
             sim.migrate(j, dst.idx, by_kv=True)
 
 
-KV_HEADROOM = 0.15
-"""Share of a slot's KV the rollplan policy keeps free when admitting a new trajectory (``choose_slot``).
-Chosen by trying 0 to 0.35 on the bench's Bamboo p3 replay (``rollplan bench replay``): 0.15 was best there;
-much more admits too few trajectories, much less lets returning residents be preempted. Pass ``kv_headroom=0``
-to ``make_policy("rollplan", ...)`` for the engine's watermark alone."""
+KV_HEADROOM = 0.3
+"""Share of a slot's KV the rollplan policy keeps free when admitting a new trajectory (``choose_slot``), on
+top of the KV its residents hold, those in tool calls included. Chosen on the bench's two Bamboo traces
+(``rollplan bench replay``, rollplan's throughput, 0.05 to 0.5 tried): 0.3 gave the best mean of the two.
+Much more admits too few trajectories and the bulk runs short of work. Much less packs slots, so residents
+coming back from a tool call are preempted and re-prefill, and the longest trajectories decode beside more
+co-residents. Pass ``kv_headroom=0`` to ``make_policy("rollplan", ...)`` for the engine's watermark alone."""
 DISPATCH_Z = 1.77
 """Pending trajectories are dispatched by a pessimistic remaining critical path: predicted mean + ``DISPATCH_Z``
 spreads (of decode tokens and tool seconds, from the samples behind the prediction). 1.77 is about the
@@ -550,28 +552,28 @@ class RollplanPolicy(BasePolicy):
 
     def choose_slot(self, sim: Simulator, j: int) -> int | None:
         """The plan's slot for j if it takes j now, else the least-loaded (fewest trajectories, then most free
-        KV) usable slot that does. "Takes j" keeps ``kv_headroom`` of the slot's KV free after admitting j, for
-        the next turns of the trajectories already there: without it a resident coming back from a tool call
-        finds no room and is preempted (its whole context re-prefilled later), which the engine's 1%
-        watermark alone does not prevent."""
+        KV) usable slot that does. "Takes j": after admitting j, ``kv_headroom`` of the slot's KV stays free
+        for its residents' next turns, and the KV of residents in tool calls counts as held. An engine would
+        evict that KV for a new request (``SimConfig.tool_kv`` evictable) and the resident would re-prefill its
+        whole context when its tool returns. A prompt a resident sibling holds on the slot (``prefix_bonus``) is
+        not needed again. (The executor does not apply this admission rule: it routes by the plan and each
+        engine queues what it cannot fit.)"""
         t = sim.trajs[j]
         need = sim.need_new(t)
         h = self.kv_headroom
         if t.preferred >= 0:
             s = sim.slots[t.preferred]
             if (s.present and s.role in DECODING and s.ready_at <= sim.now
-                    and sim.free_for_new(s) + sim.prefix_bonus(s, t) - need >= h * s.kv_cap):
+                    and s.kv_free - s.watermark + sim.prefix_bonus(s, t) - need >= h * s.kv_cap):
                 return s.idx
-        # Hot (every dispatch attempt, over tens of slots): the test above inlined. ``free_for_new`` is
-        # kv_free - watermark (+ idle when tool-call KV is evictable) and ``prefix_bonus`` is at most t.share,
-        # so most slots are rejected without the group lookup.
-        ev = sim.evictable
+        # Hot (every dispatch attempt, over tens of slots): the test above inlined. ``prefix_bonus`` is at
+        # most t.share, so most slots are rejected without the group lookup.
         share = t.share
         best = None
         best_n = best_free = 0
         for s in self.candidates(sim):
             hc = h * s.kv_cap
-            room = s.kv_free - s.watermark - need + (s.idle if ev else 0)
+            room = s.kv_free - s.watermark - need
             if room < hc:
                 if room + share < hc:
                     continue
