@@ -13,8 +13,8 @@ its policy API (``set_role``, ``migrate``, ``order``/``choose_slot`` for dispatc
   (no switching-cost awareness); FCFS; least-loaded placement on DECODE slots; recompute on preemption.
 - ``rollplan``: ``rollplan.solver.plan`` on a snapshot with predicted lengths (``rollplan.sim.predict``);
   applies roles, engine starts and migrations of the plan; longest-predicted-first dispatch following the
-  plan's placement, admitting a new trajectory only where ``kv_headroom`` of the KV stays free. See
-  ``RollplanPolicy``.
+  plan's placement, admitting a new trajectory only where ``kv_headroom`` of the KV stays free beyond what
+  the residents hold (those in tool calls included). See ``RollplanPolicy``.
 
 Re-invocation: on every availability event, at batch start and every ``replan_interval_s`` (the simulator
 calls ``on_replan``; it skips interval calls while nothing changes and nothing runs, see
