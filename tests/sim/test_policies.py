@@ -122,3 +122,25 @@ def test_names_and_parsing() -> None:
         make_policy("nope")
     assert Role.MIXED.decodes
     assert LendMode("async") is LendMode.ASYNC
+
+
+def _tool_kv_admission(policy: str) -> dict:
+    # One slot with ~30k tokens of KV (evictable tool-call KV, the default). A (8.3k tokens) decodes, then
+    # waits 60 s on a tool; B needs 24.5k tokens, which fit only if A's KV is evicted.
+    cfg = SimConfig(fold_tool_s=0.0, mem_util=0.285)
+    specs = (SimTraj("A", "gA", 8000, (0, 0), (300, 50), (60.0, 0.0)), SimTraj("B", "gB", 24000, (0,), (500,), (0.0,)))
+    sc = Scenario("admit", BatchSource(specs), dedicated=1, max_batches=1, sim=cfg)
+    pol = make_policy(policy, kv_headroom=0.0) if policy == "rollplan" else make_policy(policy)
+    return run_policy(sc, pol).summary
+
+
+def test_rollplan_admission_keeps_tool_call_kv() -> None:
+    # The engine lets B evict A's KV (static-colocated admits B as soon as A is in its tool call); rollplan does
+    # not count that KV as free, so B waits and A never re-prefills its context. (The planner finds no plan
+    # here: the prior predicts B longer than the slot's KV. The policy then starts the slot MIXED itself.)
+    base = _tool_kv_admission("static-colocated")
+    rp = _tool_kv_admission("rollplan")
+    assert base["counters"].get("evictions", 0) == 1
+    assert rp["counters"].get("evictions", 0) == 0
+    assert rp["prefill_tokens"] == 8000 + 24000 < base["prefill_tokens"]
+    assert rp["decode_tokens"] == base["decode_tokens"] == 850

@@ -494,8 +494,16 @@ class RollplanPolicy(BasePolicy):
         try:
             plan = self.planner.replan(snap)
         except RollplanError as err:
-            log.warning("rollplan policy: no plan at t=%.1f (%s); keeping the current state", sim.now, err)
             self.last_status = "error"
+            if any(s.present and s.role in DECODING for s in sim.slots):
+                log.warning("rollplan policy: no plan at t=%.1f (%s); keeping the current state", sim.now, err)
+                return
+            # Nothing decodes yet (e.g. the first plan: predictions say a trajectory cannot fit, while its true
+            # length may): start every present slot that is not being returned as MIXED, so the batch runs.
+            log.warning("rollplan policy: no plan at t=%.1f (%s); every usable GPU set to MIXED", sim.now, err)
+            for sl in sim.slots:
+                if sl.present and sl.return_by is None and self.may_use(sl):
+                    sim.set_role(sl.idx, Role.MIXED)
             return
         self.last_gap = plan.gap
         self.last_status = plan.status.value
