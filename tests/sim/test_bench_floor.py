@@ -3,14 +3,17 @@
 Invariants checked:
 - ``traj_floor`` by hand: decode tokens at batch 1 at the context each turn starts with, plus every tool wait
   (the one after the last turn too: a trajectory finishes after it);
-- on a small replay with churn and lending, every policy's rollout of every completed batch is >= its floor.
+- on a small replay with churn and lending, every policy's rollout of every completed batch is >= its floor;
+- ``throughput_ceiling``: batch k+1's earliest start is batch k's plus its floor plus the training step (sync)
+  or the chain of training steps (async); on windows that end mid-batch, in both modes, no policy's throughput
+  exceeds it.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from rollplan.sim.bench_replay import batch_floors, traj_floor
+from rollplan.sim.bench_replay import batch_floors, throughput_ceiling, trace_row, traj_floor
 from rollplan.sim.engine import SimConfig, SimTraj
 from rollplan.sim.lending import LendingConfig, LendMode
 from rollplan.sim.policies import POLICY_NAMES, make_policy
@@ -45,3 +48,41 @@ def test_no_policy_beats_the_floor() -> None:
             assert rollout >= floors[i] - 1e-6, (run.name, i, rollout, floors[i])
             checked += 1
     assert checked >= len(POLICY_NAMES)
+
+
+def _ceiling_scenario(mode: LendMode, duration_s: float | None = None) -> Scenario:
+    trace = synthetic_spot_trace(2 * 3600, max_gpus=4, seed=5, mean_alloc_gap_s=300, mean_preempt_gap_s=300)
+    src = BatchSource.dataset(builtin_bases(5, prompts=16), groups=4, samples=4, seed=5, max_context=40960)
+    return Scenario("ceiling", src, dedicated=2, trace=trace,
+                    lending=LendingConfig(gpus=2, train_step_s=60.0, mode=mode), duration_s=duration_s,
+                    sim=SimConfig(fold_tool_s=5.0), replan_interval_s=60.0, seed=5)
+
+
+@pytest.mark.parametrize("mode", [LendMode.SYNC, LendMode.ASYNC])
+def test_ceiling_chains_floors_through_training_steps(mode: LendMode) -> None:
+    sc = _ceiling_scenario(mode)
+    f = batch_floors(sc, [0, 1, 2])
+    tokens = [sum(sum(sp.decode) for sp in sc.batches.batch(k)[0]) for k in range(3)]
+    if mode is LendMode.SYNC:  # rollout k+1 starts when training step k ends
+        starts = [0.0, f[0] + 60.0, f[0] + f[1] + 120.0]
+    else:  # step k starts at max(rollout k done, step k-1 end); rollout k+1 starts with step k
+        s1 = f[0]
+        starts = [0.0, s1, max(s1 + f[1], s1 + 60.0)]
+    end = (starts[1] + starts[2]) / 2  # the window ends while batch 1 may run: batches 0 and 1 count
+    c = throughput_ceiling(_ceiling_scenario(mode, duration_s=end))
+    assert c["batches"] == 2
+    assert c["next_batch_earliest_start_s"] == pytest.approx(starts[2], abs=0.1)
+    assert c["tokens_per_s"] == pytest.approx((tokens[0] + tokens[1]) / end, abs=1e-3)
+
+
+@pytest.mark.parametrize("mode", [LendMode.SYNC, LendMode.ASYNC])
+def test_no_policy_beats_the_throughput_ceiling(mode: LendMode) -> None:
+    sc = _ceiling_scenario(mode, duration_s=1500.0)
+    ceiling = throughput_ceiling(sc)
+    res = run_replay(sc, [make_policy(n) for n in POLICY_NAMES])
+    best = max(run.summary["throughput_tokens_per_s"] for run in res.runs)
+    assert 0 < best <= ceiling["tokens_per_s"] + 1e-6, (best, ceiling)
+    row = trace_row("tiny", res)  # the bench's row carries the ceiling as a ratio to elastic-colocated
+    assert row["throughput_ceiling"] == ceiling
+    assert row["rollplan_vs_elastic"] <= row["rollplan_vs_elastic_ceiling"]
+    assert row["vs_elastic_reachable"] is (row["rollplan_vs_elastic_ceiling"] >= 1.2)

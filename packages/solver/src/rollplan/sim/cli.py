@@ -302,11 +302,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from rich.table import Table
 
         t = Table(title="bench replay: rollplan throughput ratios and last-10% shares")
-        for col in ("trace", "h", "vs elastic", "vs formula-pd", "vs static", "tail rollplan", "best baseline tail"):
+        for col in ("trace", "h", "vs elastic", "ceiling vs elastic", "vs formula-pd", "vs static", "tail rollplan",
+                    "best baseline tail"):
             t.add_column(col, justify="right" if col != "trace" else "left")
         for r in doc["traces"]:
             tails = r["tail_share_common"]
             base = min((v for k, v in tails.items() if k != "rollplan" and v is not None), default=math.nan)
-            t.add_row(r["trace"], f"{r['duration_h']:.1f}", str(r["rollplan_vs_elastic"]), str(r["rollplan_vs_formula_pd"]),
+            t.add_row(r["trace"], f"{r['duration_h']:.1f}", str(r["rollplan_vs_elastic"]),
+                      str(r["rollplan_vs_elastic_ceiling"]), str(r["rollplan_vs_formula_pd"]),
                       str(r["rollplan_vs_static"]), str(tails.get("rollplan")), f"{base:.4f}")
         Console(stderr=True, width=150).print(t)
