@@ -261,11 +261,21 @@ class FormulaPD(BasePolicy):
 
 KV_HEADROOM = 0.3
 """Share of a slot's KV the rollplan policy keeps free when admitting a new trajectory (``choose_slot``), on
-top of the KV its residents hold, those in tool calls included. Chosen on the bench's two Bamboo traces
-(``rollplan bench replay``, rollplan's throughput, 0.05 to 0.5 tried): 0.3 gave the best mean of the two.
-Much more admits too few trajectories and the bulk runs short of work. Much less packs slots, so residents
-coming back from a tool call are preempted and re-prefill, and the longest trajectories decode beside more
-co-residents. Pass ``kv_headroom=0`` to ``make_policy("rollplan", ...)`` for the engine's watermark alone."""
+top of the KV its residents hold, those in tool calls included, on a slot that hosts a predicted-critical
+trajectory (``CRITICAL_SHARE``) and when admitting one. Chosen on the bench's two Bamboo traces
+(``rollplan bench replay``, rollplan's throughput, 0.05 to 0.5 tried as one headroom for every slot): 0.3 gave
+the best mean of the two. Much less packs slots, so residents coming back from a tool call are preempted and
+re-prefill, and the longest trajectories decode beside more co-residents. Pass ``kv_headroom=0`` to
+``make_policy("rollplan", ...)`` for the engine's watermark alone (the bulk headroom is then 0 too)."""
+BULK_HEADROOM = 0.1
+"""The headroom on slots that host no predicted-critical trajectory, for a trajectory that is not one. Their
+residents do not decide when the batch ends, so packing them tighter (more trajectories decoding at once) is
+worth more there than their own speed: on batches bound by the bulk's work rather than by one long trajectory,
+one headroom of 0.3 everywhere left the bulk short of KV. Chosen on the bench's Bamboo traces (0, 0.05, 0.1
+and 0.2 tried with ``CRITICAL_SHARE`` 0.7; ad-hoc script): 0.05-0.1 best on g4dn, p3 the same for all."""
+CRITICAL_SHARE = 0.85
+"""A trajectory is predicted-critical when its pessimistic remaining critical path (see ``DISPATCH_Z``) is at
+least this share of the largest one of the batch's unfinished trajectories (0.5, 0.7 and 0.85 tried)."""
 DISPATCH_Z = 1.77
 """Pending trajectories are dispatched by a pessimistic remaining critical path: predicted mean + ``DISPATCH_Z``
 spreads (of decode tokens and tool seconds, from the samples behind the prediction). 1.77 is about the
@@ -308,7 +318,8 @@ class RollplanPolicy(BasePolicy):
     name = "rollplan"
 
     def __init__(self, backend: str = "greedy", time_limit: float = 0.02, switch_weight: float = 0.01,
-                 deterministic: bool = True, kv_headroom: float = KV_HEADROOM) -> None:
+                 deterministic: bool = True, kv_headroom: float = KV_HEADROOM,
+                 bulk_headroom: float = BULK_HEADROOM) -> None:
         from rollplan.sim.predict import Predictor
         from rollplan.solver import BACKENDS, Planner, PlannerConfig
 
@@ -321,6 +332,14 @@ class RollplanPolicy(BasePolicy):
         self.switch_weight = switch_weight
         self.deterministic = deterministic
         self.kv_headroom = kv_headroom
+        self.bulk_headroom = min(bulk_headroom, kv_headroom)
+        # Predicted-critical trajectories (``CRITICAL_SHARE``): None = recompute from ``_cp`` when next needed;
+        # their slots, cached for one instant (``_crit_slots_at``).
+        self._crit: set[int] | None = None
+        self._cp_max = 0.0
+        self._crit_slots: set[int] = set()
+        self._crit_slots_at = -1.0
+        self._bulk_bound = False
         self._Planner = Planner
         self._PlannerConfig = PlannerConfig
         self.predictor = Predictor()
@@ -439,6 +458,7 @@ class RollplanPolicy(BasePolicy):
         if sim.batch != self._batch:
             self._batch = sim.batch
             self._cp = {}
+            self._crit = None
             self._floors = {}
             self._heap = []
             self.predictor.start_batch(sim.batch)
@@ -487,7 +507,8 @@ class RollplanPolicy(BasePolicy):
 
         if not sim.live:
             return
-        snap = self.snapshot(sim)
+        snap = self.snapshot(sim)  # refreshes every unfinished trajectory's ``_cp``
+        self._crit = None
         self._rebuild_heap(sim)
         if not snap.trajectories:
             return
@@ -507,6 +528,8 @@ class RollplanPolicy(BasePolicy):
             return
         self.last_gap = plan.gap
         self.last_status = plan.status.value
+        b = plan.bounds
+        self._bulk_bound = b.get("work_capacity", 0.0) >= b.get("critical_path", 0.0)
         index = sim.slot_index
         by_id = {t.spec.id: t for t in sim.trajs}
         # 1. Slots that will decode: bring them up first (their engines start now).
@@ -538,6 +561,12 @@ class RollplanPolicy(BasePolicy):
         if cp is None:
             self._predict(sim, j)
             cp = self._cp[j]
+            if self._crit is not None:
+                if cp > self._cp_max:
+                    self._crit = None
+                elif cp >= CRITICAL_SHARE * self._cp_max:
+                    self._crit.add(j)
+                    self._crit_slots_at = -1.0
         heapq.heappush(self._heap, (-cp, sim.trajs[j].pseq, j))
 
     def _rebuild_heap(self, sim: Simulator) -> None:
@@ -558,29 +587,47 @@ class RollplanPolicy(BasePolicy):
             if h and h[0][2] == j and trajs[j].pseq != seq:
                 heapq.heappop(h)
 
+    def _critical_slots(self, sim: Simulator) -> tuple[set[int], set[int]]:
+        """(predicted-critical trajectories, the slots they are on now); recomputed when ``_crit`` was reset,
+        the slots once per instant."""
+        if self._crit is None:
+            cp = self._cp
+            self._cp_max = top = max(cp.values(), default=0.0)
+            self._crit = {j for j, v in cp.items() if v >= CRITICAL_SHARE * top}
+            self._crit_slots_at = -1.0
+        if self._crit_slots_at != sim.now:
+            trajs = sim.trajs
+            self._crit_slots = {trajs[j].slot for j in self._crit if trajs[j].slot >= 0}
+            self._crit_slots_at = sim.now
+        return self._crit, self._crit_slots
+
     def choose_slot(self, sim: Simulator, j: int) -> int | None:
         """The plan's slot for j if it takes j now, else the least-loaded (fewest trajectories, then most free
-        KV) usable slot that does. "Takes j": after admitting j, ``kv_headroom`` of the slot's KV stays free
-        for its residents' next turns, and the KV of residents in tool calls counts as held. An engine would
-        evict that KV for a new request (``SimConfig.tool_kv`` evictable) and the resident would re-prefill its
-        whole context when its tool returns. A prompt a resident sibling holds on the slot (``prefix_bonus``) is
-        not needed again. (The executor does not apply this admission rule: it routes by the plan and each
-        engine queues what it cannot fit.)"""
+        KV) usable slot that does. "Takes j": after admitting j, a headroom of the slot's KV stays free for its
+        residents' next turns, and the KV of residents in tool calls counts as held. An engine would evict that
+        KV for a new request (``SimConfig.tool_kv`` evictable) and the resident would re-prefill its whole
+        context when its tool returns. The headroom is ``kv_headroom`` where it protects a predicted-critical
+        trajectory (j is one, or the slot hosts one: ``CRITICAL_SHARE``), ``bulk_headroom`` elsewhere. A prompt
+        a resident sibling holds on the slot (``prefix_bonus``) is not needed again. (The executor does not
+        apply this admission rule: it routes by the plan and each engine queues what it cannot fit.)"""
         t = sim.trajs[j]
         need = sim.need_new(t)
-        h = self.kv_headroom
+        crit, crit_slots = self._critical_slots(sim)
+        hi = self.kv_headroom
+        lo = hi if j in crit or not self._bulk_bound else self.bulk_headroom
         if t.preferred >= 0:
             s = sim.slots[t.preferred]
+            h = hi if s.idx in crit_slots else lo
             if (s.present and s.role in DECODING and s.ready_at <= sim.now
                     and s.kv_free - s.watermark + sim.prefix_bonus(s, t) - need >= h * s.kv_cap):
-                return s.idx
+                return self._admit(j, s.idx, crit)
         # Hot (every dispatch attempt, over tens of slots): the test above inlined. ``prefix_bonus`` is at
         # most t.share, so most slots are rejected without the group lookup.
         share = t.share
         best = None
         best_n = best_free = 0
         for s in self.candidates(sim):
-            hc = h * s.kv_cap
+            hc = (hi if s.idx in crit_slots else lo) * s.kv_cap
             room = s.kv_free - s.watermark - need
             if room < hc:
                 if room + share < hc:
@@ -591,7 +638,12 @@ class RollplanPolicy(BasePolicy):
             n, free = s.n_res, s.kv_free
             if best is None or n < best_n or (n == best_n and free > best_free):
                 best, best_n, best_free = s.idx, n, free
-        return best
+        return None if best is None else self._admit(j, best, crit)
+
+    def _admit(self, j: int, slot: int, crit: set[int]) -> int:
+        if j in crit:
+            self._crit_slots.add(slot)  # later admissions this instant see it
+        return slot
 
     def warm_start(self, history: Sequence[tuple[Any, str]]) -> None:
         """Observe finished trajectories of earlier RL steps (the job ran before the replay window)."""
@@ -609,6 +661,8 @@ class RollplanPolicy(BasePolicy):
         self.predictor.observe(t.key, t.group, Totals(float(sum(t.dec)), float(sum(t.pf[1:])), float(sum(t.tool)),
                                                       float(t.n)))
         self._cp.pop(j, None)
+        if self._crit is not None and j in self._crit:
+            self._crit = None  # the largest may have gone: recompute
 
 
 def parse_pd(text: str) -> tuple[int, int]:
@@ -635,7 +689,8 @@ def make_policy(name: str, **options: Any) -> BasePolicy:
         return FormulaPD(options.get("pd", (1, 3)))
     if name == "rollplan":
         return RollplanPolicy(**{k: v for k, v in options.items()
-                                 if k in ("backend", "time_limit", "switch_weight", "deterministic", "kv_headroom")})
+                                 if k in ("backend", "time_limit", "switch_weight", "deterministic", "kv_headroom",
+                                          "bulk_headroom")})
     raise UnknownNameError("policy", name, POLICY_NAMES)
 
 
