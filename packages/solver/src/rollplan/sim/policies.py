@@ -13,8 +13,9 @@ its policy API (``set_role``, ``migrate``, ``order``/``choose_slot`` for dispatc
   (no switching-cost awareness); FCFS; least-loaded placement on DECODE slots; recompute on preemption.
 - ``rollplan``: ``rollplan.solver.plan`` on a snapshot with predicted lengths (``rollplan.sim.predict``);
   applies roles, engine starts and migrations of the plan; longest-predicted-first dispatch following the
-  plan's placement, admitting a new trajectory only where ``kv_headroom`` of the KV stays free beyond what
-  the residents hold (those in tool calls included). See ``RollplanPolicy``.
+  plan's placement, admitting a new trajectory only where a headroom of the KV stays free beyond what the
+  residents hold (those in tool calls included): ``kv_headroom``, or ``bulk_headroom`` on the bulk's slots
+  while the batch is bound by its bulk. See ``RollplanPolicy.choose_slot``.
 
 Re-invocation: on every availability event, at batch start and every ``replan_interval_s`` (the simulator
 calls ``on_replan``; it skips interval calls while nothing changes and nothing runs, see
@@ -268,11 +269,14 @@ the best mean of the two. Much less packs slots, so residents coming back from a
 re-prefill, and the longest trajectories decode beside more co-residents. Pass ``kv_headroom=0`` to
 ``make_policy("rollplan", ...)`` for the engine's watermark alone (the bulk headroom is then 0 too)."""
 BULK_HEADROOM = 0.1
-"""The headroom on slots that host no predicted-critical trajectory, for a trajectory that is not one. Their
-residents do not decide when the batch ends, so packing them tighter (more trajectories decoding at once) is
-worth more there than their own speed: on batches bound by the bulk's work rather than by one long trajectory,
-one headroom of 0.3 everywhere left the bulk short of KV. Chosen on the bench's Bamboo traces (0, 0.05, 0.1
-and 0.2 tried with ``CRITICAL_SHARE`` 0.7; ad-hoc script): 0.05-0.1 best on g4dn, p3 the same for all."""
+"""The headroom, while the latest plan finds the batch bound by its bulk, on slots that host no
+predicted-critical trajectory, for a trajectory that is not one. Bound by its bulk: the plan's work/capacity
+bound reaches the largest pessimistic remaining critical path (``DISPATCH_Z``). Then the batch ends when the
+bulk's work is done, so packing the bulk's slots tighter (more trajectories decoding at once) is worth more
+than its trajectories' own speed; while the batch is bound by its longest trajectories, a tighter bulk only
+finishes earlier and waits. Chosen on the bench's Bamboo traces (0, 0.05, 0.1 and 0.2 tried; ad-hoc script):
+on g4dn, where the preemptible GPUs are fewer, one headroom of 0.3 everywhere left the bulk short of KV in
+the batches its bulk bounds; p3 moved by under 0.2%."""
 CRITICAL_SHARE = 0.85
 """A trajectory is predicted-critical when its pessimistic remaining critical path (see ``DISPATCH_Z``) is at
 least this share of the largest one of the batch's unfinished trajectories (0.5, 0.7 and 0.85 tried)."""
@@ -504,6 +508,7 @@ class RollplanPolicy(BasePolicy):
     def decide(self, sim: Simulator, reason: str) -> None:
         from rollplan.models.errors import RollplanError
         from rollplan.models.types import ActionKind
+        from rollplan.solver.bounds import BOUND_WORK
 
         if not sim.live:
             return
@@ -528,8 +533,10 @@ class RollplanPolicy(BasePolicy):
             return
         self.last_gap = plan.gap
         self.last_status = plan.status.value
-        b = plan.bounds
-        self._bulk_bound = b.get("work_capacity", 0.0) >= b.get("critical_path", 0.0)
+        # Bound by its bulk: the plan's work/capacity bound reaches the pessimistic critical path (the same
+        # mean + DISPATCH_Z spreads the dispatch order uses; the plan's own critical-path bound uses the means,
+        # which the longest of a group's samples exceeds).
+        self._bulk_bound = plan.bounds.get(BOUND_WORK, 0.0) >= max(self._cp.values(), default=0.0)
         index = sim.slot_index
         by_id = {t.spec.id: t for t in sim.trajs}
         # 1. Slots that will decode: bring them up first (their engines start now).
@@ -606,8 +613,9 @@ class RollplanPolicy(BasePolicy):
         KV) usable slot that does. "Takes j": after admitting j, a headroom of the slot's KV stays free for its
         residents' next turns, and the KV of residents in tool calls counts as held. An engine would evict that
         KV for a new request (``SimConfig.tool_kv`` evictable) and the resident would re-prefill its whole
-        context when its tool returns. The headroom is ``kv_headroom`` where it protects a predicted-critical
-        trajectory (j is one, or the slot hosts one: ``CRITICAL_SHARE``), ``bulk_headroom`` elsewhere. A prompt
+        context when its tool returns. The headroom is ``bulk_headroom`` while the batch is bound by its bulk
+        (see ``BULK_HEADROOM``) on slots that host no predicted-critical trajectory (``CRITICAL_SHARE``) for a
+        j that is not one; ``kv_headroom`` otherwise. A prompt
         a resident sibling holds on the slot (``prefix_bonus``) is not needed again. (The executor does not
         apply this admission rule: it routes by the plan and each engine queues what it cannot fit.)"""
         t = sim.trajs[j]
