@@ -288,6 +288,9 @@ done, so prompts whose lengths vary a lot start early. The plain mean let trajec
 long) start late in throughput-bound batches of the bench's Bamboo p3 replay and finish last."""
 
 
+_NO_SLOTS: frozenset[int] = frozenset()
+
+
 class _CountingClock:
     """A deterministic clock for the planner: every read advances it by ``step`` seconds.
 
@@ -594,19 +597,22 @@ class RollplanPolicy(BasePolicy):
             if h and h[0][2] == j and trajs[j].pseq != seq:
                 heapq.heappop(h)
 
-    def _critical_slots(self, sim: Simulator) -> tuple[set[int], set[int]]:
-        """(predicted-critical trajectories, the slots they are on now); recomputed when ``_crit`` was reset,
-        the slots once per instant."""
+    def _critical(self) -> set[int]:
+        """The predicted-critical trajectories (``CRITICAL_SHARE``), recomputed from ``_cp`` when reset."""
         if self._crit is None:
             cp = self._cp
             self._cp_max = top = max(cp.values(), default=0.0)
             self._crit = {j for j, v in cp.items() if v >= CRITICAL_SHARE * top}
             self._crit_slots_at = -1.0
+        return self._crit
+
+    def _critical_slots(self, sim: Simulator, crit: set[int]) -> set[int]:
+        """The slots ``crit`` are on now (computed once per instant)."""
         if self._crit_slots_at != sim.now:
             trajs = sim.trajs
-            self._crit_slots = {trajs[j].slot for j in self._crit if trajs[j].slot >= 0}
+            self._crit_slots = {trajs[j].slot for j in crit if trajs[j].slot >= 0}
             self._crit_slots_at = sim.now
-        return self._crit, self._crit_slots
+        return self._crit_slots
 
     def choose_slot(self, sim: Simulator, j: int) -> int | None:
         """The plan's slot for j if it takes j now, else the least-loaded (fewest trajectories, then most free
@@ -615,14 +621,17 @@ class RollplanPolicy(BasePolicy):
         KV for a new request (``SimConfig.tool_kv`` evictable) and the resident would re-prefill its whole
         context when its tool returns. The headroom is ``bulk_headroom`` while the batch is bound by its bulk
         (see ``BULK_HEADROOM``) on slots that host no predicted-critical trajectory (``CRITICAL_SHARE``) for a
-        j that is not one; ``kv_headroom`` otherwise. A prompt
-        a resident sibling holds on the slot (``prefix_bonus``) is not needed again. (The executor does not
-        apply this admission rule: it routes by the plan and each engine queues what it cannot fit.)"""
+        j that is not one; ``kv_headroom`` otherwise. A prompt a resident sibling holds on the slot
+        (``prefix_bonus``) is not needed again. (The executor does not apply this admission rule: it routes by
+        the plan and each engine queues what it cannot fit.)"""
         t = sim.trajs[j]
         need = sim.need_new(t)
-        crit, crit_slots = self._critical_slots(sim)
+        crit = self._critical()
         hi = self.kv_headroom
-        lo = hi if j in crit or not self._bulk_bound else self.bulk_headroom
+        if j in crit or not self._bulk_bound:
+            lo, crit_slots = hi, _NO_SLOTS  # one headroom everywhere
+        else:
+            lo, crit_slots = self.bulk_headroom, self._critical_slots(sim, crit)
         if t.preferred >= 0:
             s = sim.slots[t.preferred]
             h = hi if s.idx in crit_slots else lo
