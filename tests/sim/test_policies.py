@@ -10,6 +10,7 @@ from rollplan.sim.engine import SimConfig, SimTraj
 from rollplan.sim.lending import LendingConfig, LendMode
 from rollplan.sim.policies import (
     BULK_HEADROOM,
+    CRITICAL_HEADROOM,
     CRITICAL_SHARE,
     KV_HEADROOM,
     POLICY_NAMES,
@@ -169,16 +170,20 @@ class _AuditedRollplan(RollplanPolicy):
             s, t = sim.slots[idx], sim.trajs[j]
             top = max(self._cp.values())
             crit = {k for k, v in self._cp.items() if v >= CRITICAL_SHARE * top}
-            guarded = j in crit or not self._bulk_bound or any(r in crit for r in s.residents)
+            if j in crit or any(r in crit for r in s.residents if r != j):
+                h = self.critical_headroom
+            else:
+                h = self.bulk_headroom if self._bulk_bound else self.kv_headroom
             room = (s.kv_free - s.watermark + sim.prefix_bonus(s, t) - sim.need_new(t)) / s.kv_cap
-            self.audit.append((room, self.kv_headroom if guarded else self.bulk_headroom))
+            self.audit.append((room, h))
         return idx
 
 
 def test_rollplan_headroom_guards_critical_slots_only() -> None:
-    # Invariant: every admission leaves KV_HEADROOM of the slot's KV free where a predicted-critical trajectory
-    # is (or is admitted) or while the plan finds the batch bound by a critical path, BULK_HEADROOM elsewhere;
-    # and bulk slots do get packed past KV_HEADROOM (the rule is exercised, not vacuous).
+    # Invariant: every admission leaves CRITICAL_HEADROOM of the slot's KV free where a predicted-critical
+    # trajectory is (or is admitted); elsewhere BULK_HEADROOM while the plan finds the batch bound by its bulk,
+    # else KV_HEADROOM. Each level is exercised (not vacuous): critical slots are guarded, bulk slots packed
+    # past KV_HEADROOM.
     src = BatchSource.dataset(builtin_bases(7, prompts=24), groups=12, samples=8, seed=7, max_context=40960)
     sc = Scenario("headroom", src, dedicated=3, max_batches=2, warmup_batches=2, sim=SimConfig(mem_util=0.5),
                   replan_interval_s=60.0, seed=7)
@@ -187,4 +192,5 @@ def test_rollplan_headroom_guards_critical_slots_only() -> None:
     assert run.summary["trajectories_completed"] == 2 * 96
     assert pol.audit and all(room >= h - 1e-9 for room, h in pol.audit)
     assert any(room < KV_HEADROOM for room, h in pol.audit if h == BULK_HEADROOM)
-    assert KV_HEADROOM > BULK_HEADROOM
+    assert any(h == CRITICAL_HEADROOM for _room, h in pol.audit)
+    assert CRITICAL_HEADROOM > KV_HEADROOM > BULK_HEADROOM

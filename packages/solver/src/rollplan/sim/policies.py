@@ -262,12 +262,13 @@ class FormulaPD(BasePolicy):
 
 KV_HEADROOM = 0.3
 """Share of a slot's KV the rollplan policy keeps free when admitting a new trajectory (``choose_slot``), on
-top of the KV its residents hold, those in tool calls included, on a slot that hosts a predicted-critical
-trajectory (``CRITICAL_SHARE``) and when admitting one. Chosen on the bench's two Bamboo traces
-(``rollplan bench replay``, rollplan's throughput, 0.05 to 0.5 tried as one headroom for every slot): 0.3 gave
-the best mean of the two. Much less packs slots, so residents coming back from a tool call are preempted and
-re-prefill, and the longest trajectories decode beside more co-residents. Pass ``kv_headroom=0`` to
-``make_policy("rollplan", ...)`` for the engine's watermark alone (the bulk headroom is then 0 too)."""
+top of the KV its residents hold, those in tool calls included: the default, on slots that host no
+predicted-critical trajectory while the batch is bound by its critical path (``BULK_HEADROOM`` and
+``CRITICAL_HEADROOM`` are the other two). Chosen on the bench's two Bamboo traces (``rollplan bench replay``,
+rollplan's throughput, 0.05 to 0.5 tried as one headroom for every slot): 0.3 gave the best mean of the two.
+Much less packs slots, so residents coming back from a tool call are preempted and re-prefill, and the
+longest trajectories decode beside more co-residents. Pass ``kv_headroom=0`` to ``make_policy("rollplan",
+...)`` for the engine's watermark alone (no headroom anywhere)."""
 BULK_HEADROOM = 0.1
 """The headroom, while the latest plan finds the batch bound by its bulk, on slots that host no
 predicted-critical trajectory, for a trajectory that is not one. Bound by its bulk: the plan's work/capacity
@@ -277,6 +278,12 @@ than its trajectories' own speed; while the batch is bound by its longest trajec
 finishes earlier and waits. Chosen on the bench's Bamboo traces (0, 0.05, 0.1 and 0.2 tried; ad-hoc script):
 on g4dn, where the preemptible GPUs are fewer, one headroom of 0.3 everywhere left the bulk short of KV in
 the batches its bulk bounds; p3 moved by under 0.2%."""
+CRITICAL_HEADROOM = 0.65
+"""The headroom on a slot that hosts a predicted-critical trajectory (``CRITICAL_SHARE``), and for admitting
+one anywhere. Fewer co-residents make its decode steps faster: the batch's longest trajectories decoded
+1.3-1.8x slower than alone beside the bulk. Chosen on the bench's Bamboo traces (0.3, 0.45, 0.6, 0.65, 0.7
+and 0.75 tried; ad-hoc script): up to 0.6-0.65 throughput holds or rises and the last-10% share falls; past
+0.65 too few trajectories run beside the critical ones and g4dn's throughput drops."""
 CRITICAL_SHARE = 0.85
 """A trajectory is predicted-critical when its pessimistic remaining critical path (see ``DISPATCH_Z``) is at
 least this share of the largest one of the batch's unfinished trajectories (0.5, 0.7 and 0.85 tried)."""
@@ -326,7 +333,7 @@ class RollplanPolicy(BasePolicy):
 
     def __init__(self, backend: str = "greedy", time_limit: float = 0.02, switch_weight: float = 0.01,
                  deterministic: bool = True, kv_headroom: float = KV_HEADROOM,
-                 bulk_headroom: float = BULK_HEADROOM) -> None:
+                 bulk_headroom: float = BULK_HEADROOM, critical_headroom: float = CRITICAL_HEADROOM) -> None:
         from rollplan.sim.predict import Predictor
         from rollplan.solver import BACKENDS, Planner, PlannerConfig
 
@@ -339,7 +346,9 @@ class RollplanPolicy(BasePolicy):
         self.switch_weight = switch_weight
         self.deterministic = deterministic
         self.kv_headroom = kv_headroom
+        # kv_headroom = 0: no headroom rule at all (the engine's watermark alone).
         self.bulk_headroom = min(bulk_headroom, kv_headroom)
+        self.critical_headroom = max(critical_headroom, kv_headroom) if kv_headroom > 0 else 0.0
         # Predicted-critical trajectories (``CRITICAL_SHARE``): None = recompute from ``_cp`` when next needed;
         # their slots, cached for one instant (``_crit_slots_at``).
         self._crit: set[int] | None = None
@@ -619,19 +628,21 @@ class RollplanPolicy(BasePolicy):
         KV) usable slot that does. "Takes j": after admitting j, a headroom of the slot's KV stays free for its
         residents' next turns, and the KV of residents in tool calls counts as held. An engine would evict that
         KV for a new request (``SimConfig.tool_kv`` evictable) and the resident would re-prefill its whole
-        context when its tool returns. The headroom is ``bulk_headroom`` while the batch is bound by its bulk
-        (see ``BULK_HEADROOM``) on slots that host no predicted-critical trajectory (``CRITICAL_SHARE``) for a
-        j that is not one; ``kv_headroom`` otherwise. A prompt a resident sibling holds on the slot
+        context when its tool returns. The headroom is ``critical_headroom`` on a slot that hosts a
+        predicted-critical trajectory (``CRITICAL_SHARE``) and everywhere for j that is one; elsewhere
+        ``bulk_headroom`` while the batch is bound by its bulk (see ``BULK_HEADROOM``), else ``kv_headroom``.
+        A prompt a resident sibling holds on the slot
         (``prefix_bonus``) is not needed again. (The executor does not apply this admission rule: it routes by
         the plan and each engine queues what it cannot fit.)"""
         t = sim.trajs[j]
         need = sim.need_new(t)
         crit = self._critical()
-        hi = self.kv_headroom
-        if j in crit or not self._bulk_bound:
-            lo, crit_slots = hi, _NO_SLOTS  # one headroom everywhere
+        hi = self.critical_headroom
+        if j in crit:
+            lo, crit_slots = hi, _NO_SLOTS  # a critical trajectory: the critical headroom everywhere
         else:
-            lo, crit_slots = self.bulk_headroom, self._critical_slots(sim, crit)
+            lo = self.bulk_headroom if self._bulk_bound else self.kv_headroom
+            crit_slots = self._critical_slots(sim, crit)
         if t.preferred >= 0:
             s = sim.slots[t.preferred]
             h = hi if s.idx in crit_slots else lo
@@ -707,7 +718,7 @@ def make_policy(name: str, **options: Any) -> BasePolicy:
     if name == "rollplan":
         return RollplanPolicy(**{k: v for k, v in options.items()
                                  if k in ("backend", "time_limit", "switch_weight", "deterministic", "kv_headroom",
-                                          "bulk_headroom")})
+                                          "bulk_headroom", "critical_headroom")})
     raise UnknownNameError("policy", name, POLICY_NAMES)
 
 
