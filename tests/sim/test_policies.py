@@ -170,20 +170,21 @@ class _AuditedRollplan(RollplanPolicy):
             s, t = sim.slots[idx], sim.trajs[j]
             top = max(self._cp.values())
             crit = {k for k, v in self._cp.items() if v >= CRITICAL_SHARE * top}
-            if j in crit or any(r in crit for r in s.residents if r != j):
-                h = self.critical_headroom
+            guarded = j in crit or any(r in crit for r in s.residents if r != j)
+            if self._bulk_bound:
+                h = self.kv_headroom if guarded else self.bulk_headroom
             else:
-                h = self.bulk_headroom if self._bulk_bound else self.kv_headroom
+                h = self.critical_headroom if guarded else self.kv_headroom
             room = (s.kv_free - s.watermark + sim.prefix_bonus(s, t) - sim.need_new(t)) / s.kv_cap
             self.audit.append((room, h))
         return idx
 
 
 def test_rollplan_headroom_guards_critical_slots_only() -> None:
-    # Invariant: every admission leaves CRITICAL_HEADROOM of the slot's KV free where a predicted-critical
-    # trajectory is (or is admitted); elsewhere BULK_HEADROOM while the plan finds the batch bound by its bulk,
-    # else KV_HEADROOM. Each level is exercised (not vacuous): critical slots are guarded, bulk slots packed
-    # past KV_HEADROOM.
+    # Invariant: every admission leaves free, of the slot's KV, while the plan finds the batch bound by its
+    # critical path: CRITICAL_HEADROOM where a predicted-critical trajectory is (or is admitted), KV_HEADROOM
+    # elsewhere; while it is bound by its bulk: KV_HEADROOM there, BULK_HEADROOM elsewhere. Each level is
+    # exercised (not vacuous): critical slots are guarded, bulk slots packed past KV_HEADROOM.
     src = BatchSource.dataset(builtin_bases(7, prompts=24), groups=12, samples=8, seed=7, max_context=40960)
     sc = Scenario("headroom", src, dedicated=3, max_batches=2, warmup_batches=2, sim=SimConfig(mem_util=0.5),
                   replan_interval_s=60.0, seed=7)

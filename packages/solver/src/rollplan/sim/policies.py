@@ -14,8 +14,8 @@ its policy API (``set_role``, ``migrate``, ``order``/``choose_slot`` for dispatc
 - ``rollplan``: ``rollplan.solver.plan`` on a snapshot with predicted lengths (``rollplan.sim.predict``);
   applies roles, engine starts and migrations of the plan; longest-predicted-first dispatch following the
   plan's placement, admitting a new trajectory only where a headroom of the KV stays free beyond what the
-  residents hold (those in tool calls included): ``kv_headroom``, or ``bulk_headroom`` on the bulk's slots
-  while the batch is bound by its bulk. See ``RollplanPolicy.choose_slot``.
+  residents hold (those in tool calls included): more on the slots of predicted-critical trajectories, less on
+  the others while the batch is bound by its bulk. See ``RollplanPolicy.choose_slot``.
 
 Re-invocation: on every availability event, at batch start and every ``replan_interval_s`` (the simulator
 calls ``on_replan``; it skips interval calls while nothing changes and nothing runs, see
@@ -279,11 +279,13 @@ finishes earlier and waits. Chosen on the bench's Bamboo traces (0, 0.05, 0.1 an
 on g4dn, where the preemptible GPUs are fewer, one headroom of 0.3 everywhere left the bulk short of KV in
 the batches its bulk bounds; p3 moved by under 0.2%."""
 CRITICAL_HEADROOM = 0.65
-"""The headroom on a slot that hosts a predicted-critical trajectory (``CRITICAL_SHARE``), and for admitting
-one anywhere. Fewer co-residents make its decode steps faster: the batch's longest trajectories decoded
-1.3-1.8x slower than alone beside the bulk. Chosen on the bench's Bamboo traces (0.3, 0.45, 0.6, 0.65, 0.7
-and 0.75 tried; ad-hoc script): up to 0.6-0.65 throughput holds or rises and the last-10% share falls; past
-0.65 too few trajectories run beside the critical ones and g4dn's throughput drops."""
+"""The headroom, while the latest plan finds the batch bound by its critical path, on a slot that hosts a
+predicted-critical trajectory (``CRITICAL_SHARE``), and for admitting one anywhere. Fewer co-residents make
+its decode steps faster: the batch's longest trajectories decoded 1.3-1.8x slower than alone beside the bulk.
+Chosen on the bench's Bamboo traces (0.3, 0.45, 0.6, 0.65, 0.7 and 0.75 tried, then applied in every phase;
+ad-hoc script): up to 0.6-0.65 throughput holds or rises and the last-10% share falls; past 0.65 too few
+trajectories run beside the critical ones and g4dn's throughput drops. Applied in bulk-bound phases too, it
+cost 1-3% throughput when each sample holds its own prompt (``--no-share-prompt``)."""
 CRITICAL_SHARE = 0.85
 """A trajectory is predicted-critical when its pessimistic remaining critical path (see ``DISPATCH_Z``) is at
 least this share of the largest one of the batch's unfinished trajectories (0.5, 0.7 and 0.85 tried)."""
@@ -628,20 +630,30 @@ class RollplanPolicy(BasePolicy):
         KV) usable slot that does. "Takes j": after admitting j, a headroom of the slot's KV stays free for its
         residents' next turns, and the KV of residents in tool calls counts as held. An engine would evict that
         KV for a new request (``SimConfig.tool_kv`` evictable) and the resident would re-prefill its whole
-        context when its tool returns. The headroom is ``critical_headroom`` on a slot that hosts a
-        predicted-critical trajectory (``CRITICAL_SHARE``) and everywhere for j that is one; elsewhere
-        ``bulk_headroom`` while the batch is bound by its bulk (see ``BULK_HEADROOM``), else ``kv_headroom``.
+        context when its tool returns. The headroom depends on whether the latest plan finds the batch bound by
+        its bulk (``BULK_HEADROOM``) and on whether the slot hosts a predicted-critical trajectory
+        (``CRITICAL_SHARE``; for j that is one, every slot counts as such):
+
+        ==================  ======================  ======================
+        batch bound by      slot hosts a critical   other slots
+        ==================  ======================  ======================
+        critical path       ``critical_headroom``   ``kv_headroom``
+        bulk                ``kv_headroom``         ``bulk_headroom``
+        ==================  ======================  ======================
+
         A prompt a resident sibling holds on the slot
         (``prefix_bonus``) is not needed again. (The executor does not apply this admission rule: it routes by
         the plan and each engine queues what it cannot fit.)"""
         t = sim.trajs[j]
         need = sim.need_new(t)
         crit = self._critical()
-        hi = self.critical_headroom
+        if self._bulk_bound:  # critical GPUs at the default headroom, the others at the bulk's
+            hi, lo = self.kv_headroom, self.bulk_headroom
+        else:  # critical GPUs at the critical headroom, the others at the default
+            hi, lo = self.critical_headroom, self.kv_headroom
         if j in crit:
-            lo, crit_slots = hi, _NO_SLOTS  # a critical trajectory: the critical headroom everywhere
+            lo, crit_slots = hi, _NO_SLOTS  # a critical trajectory: the critical GPUs' headroom everywhere
         else:
-            lo = self.bulk_headroom if self._bulk_bound else self.kv_headroom
             crit_slots = self._critical_slots(sim, crit)
         if t.preferred >= 0:
             s = sim.slots[t.preferred]
