@@ -1770,8 +1770,8 @@ class Simulator:
             waiting = [t for t in left if t.state in (PENDING, WAIT)]
             need = max((self.need_new(t) for t in waiting), default=0)
             free = max(self.free_for_new(s) for s in serving)
-            headroom = getattr(self.policy, "kv_headroom", 0.0)
-            keeps = f" (policy {name} keeps {headroom:.0%} of a GPU's KV free)" if headroom else ""
+            headroom = max(getattr(self.policy, "kv_headroom", 0.0), getattr(self.policy, "critical_headroom", 0.0))
+            keeps = f" (policy {name} keeps up to {headroom:.0%} of a GPU's KV free)" if headroom else ""
             why = (f"the waiting trajectories do not fit: the largest needs {need} KV tokens, the most a serving "
                    f"GPU of policy {name} has free is {free}{keeps}")
             fix = "use a GPU/model pair whose KV memory holds the longest trajectory, or shorten the workload"

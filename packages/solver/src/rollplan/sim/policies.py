@@ -641,9 +641,8 @@ class RollplanPolicy(BasePolicy):
         bulk                ``kv_headroom``         ``bulk_headroom``
         ==================  ======================  ======================
 
-        A prompt a resident sibling holds on the slot
-        (``prefix_bonus``) is not needed again. (The executor does not apply this admission rule: it routes by
-        the plan and each engine queues what it cannot fit.)"""
+        A prompt a resident sibling holds on the slot (``prefix_bonus``) is not needed again. (The executor does
+        not apply this admission rule: it routes by the plan and each engine queues what it cannot fit.)"""
         t = sim.trajs[j]
         need = sim.need_new(t)
         crit = self._critical()
