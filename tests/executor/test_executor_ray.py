@@ -418,9 +418,12 @@ def test_dead_engine_core_is_replaced(h: Harness, reference_v1) -> None:
                 if "EngineCore" in c.name() or "EngineCore" in " ".join(c.cmdline())]
 
     # A slot whose engine is up (its EngineCore process exists): a replacement engine started after the
-    # node removal above may still be starting, with no core to kill yet.
+    # node removal above may still be starting, with no core to kill yet. On a loaded 2-core machine (the
+    # full suite) an engine start has taken over 2 minutes, so wait up to 8.
     pid, slot = 0, ""
-    for _ in range(240):
+    pids: dict[str, int] = {}
+    deadline = time.monotonic() + 480.0
+    while time.monotonic() < deadline:
         live = [s for s in ctl.slots.values() if s.usable and s.engine is not None and s.engine.alive]
         pids = {s.id: h.run(s.engine.actor.info.remote())["pid"] for s in live if s.engine is not None}
         ready = [sid for sid, p in pids.items() if core_of(p)]
@@ -428,7 +431,8 @@ def test_dead_engine_core_is_replaced(h: Harness, reference_v1) -> None:
             slot, pid = ready[0], pids[ready[0]]
             break
         time.sleep(0.5)
-    assert slot, "no engine with an EngineCore process"
+    seen = {sid: [c.name() for c in psutil.Process(p).children(recursive=True)] for sid, p in pids.items()}
+    assert slot, f"no engine with an EngineCore process after 480 s; live engines' child processes: {seen}"
     old = ctl.slots[slot].engine
     assert old is not None
     killed: list[int] = []
