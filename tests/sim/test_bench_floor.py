@@ -4,6 +4,7 @@ Invariants checked:
 - ``traj_floor`` by hand: decode tokens at batch 1 at the context each turn starts with, plus every tool wait
   (the one after the last turn too: a trajectory finishes after it);
 - on a small replay with churn and lending, every policy's rollout of every completed batch is >= its floor;
+  the bench's ``--per-batch`` columns (``per_batch_rows``) carry those floors, rollouts and tail shares;
 - ``throughput_ceiling``: batch k+1's earliest start is batch k's plus its floor plus the training step (sync)
   or the chain of training steps (async); on windows that end mid-batch, in both modes, no policy's throughput
   exceeds it.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollplan.sim.bench_replay import batch_floors, throughput_ceiling, trace_row, traj_floor
+from rollplan.sim.bench_replay import batch_floors, per_batch_rows, throughput_ceiling, trace_row, traj_floor
 from rollplan.sim.engine import SimConfig, SimTraj
 from rollplan.sim.lending import LendingConfig, LendMode
 from rollplan.sim.policies import POLICY_NAMES, make_policy
@@ -48,6 +49,17 @@ def test_no_policy_beats_the_floor() -> None:
             assert rollout >= floors[i] - 1e-6, (run.name, i, rollout, floors[i])
             checked += 1
     assert checked >= len(POLICY_NAMES)
+    # The bench's --per-batch columns: the same floors, each policy's rollouts and tail shares by batch index.
+    pb = trace_row("floor", res, per_batch=True)["per_batch"]
+    assert pb == per_batch_rows(res)
+    n = len(pb["floor_s"])
+    assert pb["floor_s"] == [round(f, 1) for f in batch_floors(sc, range(n)).values()]
+    for run in res.runs:
+        rows = run.summary["batches"]
+        assert pb["rollout_s"][run.name] == [b["rollout_s"] for b in rows]
+        assert pb["tail_share"][run.name] == [b["tail_share"] for b in rows]
+        assert len(rows) <= n
+    assert "per_batch" not in trace_row("floor", res)
 
 
 def _ceiling_scenario(mode: LendMode, duration_s: float | None = None) -> Scenario:

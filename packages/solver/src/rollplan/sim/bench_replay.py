@@ -14,7 +14,8 @@ rollplan / static-colocated and every policy's last-10% share, on the batches al
 target's comparison: ``metrics.common_tail_shares``) and on each policy's own batches; and, on those common
 batches, each policy's summed rollout time over a lower bound no policy can beat (``batch_floors``: the
 longest trajectory decoding at batch 1 plus its tool waits), which shows how much any policy could still gain; and for the 11-hour Bamboo p3 trace the wall
-time of the whole five-policy replay and simulator events per second.
+time of the whole five-policy replay and simulator events per second. ``--per-batch`` adds, per batch, its
+floor and every policy's rollout seconds and last-10% share (``per_batch_rows``).
 """
 
 from __future__ import annotations
@@ -150,7 +151,25 @@ def throughput_ceiling(scenario: Scenario, *, max_batches: int = 10_000) -> dict
             "next_batch_earliest_start_s": round(start, 1)}
 
 
-def trace_row(name: str, result: ReplayResult) -> dict[str, Any]:
+def per_batch_rows(result: ReplayResult) -> dict[str, Any]:
+    """Per batch of the replay (``--per-batch``): its ``batch_floors`` and every policy's rollout seconds and
+    last-10% share, each a list by batch index (a policy's list ends with the last batch it started; an
+    unfinished batch reads None). Shows where the throughput ratios come from: batches bound by their longest
+    trajectory run close to the floor under a policy that starts it early, batches bound by their bulk do not
+    (the floor leaves the bulk's work out)."""
+    s = {r.name: {b["index"]: b for b in r.summary["batches"]} for r in result.runs}
+    n = max((i + 1 for v in s.values() for i in v), default=0)
+    floors = batch_floors(result.scenario, range(n))
+
+    def column(field: str) -> dict[str, list[Any]]:
+        return {k: [v[i][field] if i in v else None for i in range(max(v, default=-1) + 1)] for k, v in s.items()}
+
+    return {"floor_s": [round(floors[i], 1) for i in range(n)], "rollout_s": column("rollout_s"),
+            "tail_share": column("tail_share")}
+
+
+def trace_row(name: str, result: ReplayResult, *, per_batch: bool = False) -> dict[str, Any]:
+    """The bench's row for one trace (see the module docstring); ``per_batch``: add ``per_batch_rows``."""
     s = {r.name: r.summary for r in result.runs}
 
     def ratio(a: str, b: str) -> float | None:
@@ -198,6 +217,8 @@ def trace_row(name: str, result: ReplayResult) -> dict[str, Any]:
     # False: no policy could meet the elastic target on this window (the ceiling is below it).
     row["vs_elastic_reachable"] = (row["rollplan_vs_elastic_ceiling"] is None
                                    or row["rollplan_vs_elastic_ceiling"] >= TARGETS["vs_elastic"])
+    if per_batch:
+        row["per_batch"] = per_batch_rows(result)
     return row
 
 
@@ -211,9 +232,11 @@ def run_bench(
     tool_kv: str = "evictable",
     share_prompt: bool = True,
     mode: str = "sync",
+    per_batch: bool = False,
 ) -> dict[str, Any]:
     """Run the benchmark; returns the JSON document (rows per trace + timing of the p3 replay). ``jobs``: worker
-    processes per trace (``run_replay``); the rows do not depend on it, the timing does."""
+    processes per trace (``run_replay``); the rows do not depend on it, the timing does. ``per_batch``: each
+    row also carries ``per_batch_rows``."""
     d = Path(data_dir)
     missing = [f for f in SWEBENCH_FILES if not (d / f).is_file()]
     if missing:
@@ -235,7 +258,7 @@ def run_bench(
         res.runs.sort(key=lambda r: POLICY_NAMES.index(r.name))
         wall = time.perf_counter() - t0
         cpu = res.cpu_s if jobs > 1 else time.process_time() - c0
-        rows.append(trace_row(name, res))
+        rows.append(trace_row(name, res, per_batch=per_batch))
         if name == TIMED_TRACE:
             events = sum(r.summary["events"] for r in res.runs)
             timing = {

@@ -275,6 +275,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         share_prompt: SharePromptOption = True,
         mode: Annotated[str, typer.Option("--mode", help="sync (the bench's: rollout, then the training step) | "
                                           "async (one-step off-policy, as PEARL).")] = "sync",
+        per_batch: Annotated[bool, typer.Option("--per-batch", help="Add each batch's floor and every policy's "
+                                                "rollout seconds and last-10% share to the JSON.")] = False,
     ) -> None:
         """The replay benchmark on every shared trace: throughput ratios, last-10% shares, p3 replay wall time."""
         from rollplan.sim.bench_replay import BENCH_TRACES, default_jobs, run_bench
@@ -293,7 +295,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             if n not in known:
                 raise UserInputError(f"unknown bench trace {n!r}", fix=f"use 'all' or some of {sorted(known)}")
         doc = run_bench(data, traces=names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv, share_prompt=share_prompt,
-                        mode=mode,
+                        mode=mode, per_batch=per_batch,
                         on_trace=None if as_json else (lambda n: print(f"replaying {n} ...", file=sys.stderr)))
         print(json.dumps(doc, indent=1))
         if as_json:
