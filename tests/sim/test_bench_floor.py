@@ -7,7 +7,9 @@ Invariants checked:
   the bench's ``--per-batch`` columns (``per_batch_rows``) carry those floors, rollouts and tail shares;
 - ``throughput_ceiling``: batch k+1's earliest start is batch k's plus its floor plus the training step (sync)
   or the chain of training steps (async); on windows that end mid-batch, in both modes, no policy's throughput
-  exceeds it.
+  exceeds it;
+- a window's throughput is measured over the whole window: every policy's replay ends at the window's end,
+  not at its last event before it (which let a policy whose last event came early divide by less).
 """
 
 from __future__ import annotations
@@ -98,3 +100,13 @@ def test_no_policy_beats_the_throughput_ceiling(mode: LendMode) -> None:
     assert row["throughput_ceiling"] == ceiling
     assert row["rollplan_vs_elastic"] <= row["rollplan_vs_elastic_ceiling"]
     assert row["vs_elastic_reachable"] is (row["rollplan_vs_elastic_ceiling"] >= 1.2)
+
+
+@pytest.mark.parametrize("duration_s", [1234.5, 2000.0])
+def test_throughput_is_over_the_whole_window(duration_s: float) -> None:
+    sc = _ceiling_scenario(LendMode.SYNC, duration_s=duration_s)
+    res = run_replay(sc, [make_policy(n) for n in POLICY_NAMES])
+    for run in res.runs:
+        s = run.summary
+        assert s["replay_s"] == pytest.approx(duration_s), run.name
+        assert s["throughput_tokens_per_s"] == pytest.approx(s["decode_tokens"] / duration_s, abs=1e-3), run.name

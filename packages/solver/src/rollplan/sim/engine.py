@@ -851,8 +851,11 @@ class Simulator:
         if not self.stopped and not heap and self.batch_active and self.batch_left > 0 and not math.isfinite(end):
             # Nothing left to happen (no interval ticks either) and no end time: the batch can never finish.
             raise self._no_progress_error()
-        if not self.stopped:
-            self.now = min(end, max(self.now, 0.0)) if math.isfinite(end) else self.now
+        if not self.stopped and math.isfinite(end):
+            # The replay covers its window to the end: the next event lies past it (or none is left), and
+            # running segments decode until then. Stopping at the last event instead would shorten the window
+            # a throughput is measured over, by however long that policy's last gap between events is.
+            self.now = end
         self._finish()
         return self.recorder
 
