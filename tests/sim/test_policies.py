@@ -10,6 +10,7 @@ from rollplan.sim.engine import SimConfig, SimTraj
 from rollplan.sim.lending import LendingConfig, LendMode
 from rollplan.sim.policies import (
     BULK_HEADROOM,
+    BULK_SHARE,
     CRITICAL_HEADROOM,
     CRITICAL_SHARE,
     KV_HEADROOM,
@@ -157,12 +158,24 @@ def test_rollplan_admission_keeps_tool_call_kv() -> None:
 
 
 class _AuditedRollplan(RollplanPolicy):
-    """The rollplan policy, recording for every admission the chosen slot's room after it (share of its KV)
-    and the headroom that should apply, computed afresh from the predictions (not from the policy's cache)."""
+    """The rollplan policy, recording for every admission the chosen slot's room after it (share of its KV),
+    the headroom the rule names and the one that applies (capped at what an empty slot would leave), computed
+    afresh from the predictions (not from the policy's cache); and for every plan, whether the batch is bound
+    by its bulk, recomputed from the plan's bounds."""
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
-        self.audit: list[tuple[float, float]] = []
+        self.audit: list[tuple[float, float, float]] = []
+        self.modes: list[tuple[bool, bool]] = []
+
+    def decide(self, sim, reason):
+        from rollplan.solver.bounds import BOUND_WORK
+
+        super().decide(sim, reason)
+        plan = self.planner.previous
+        if plan is not None and self.last_status not in (None, "error") and self._cp:
+            want = plan.bounds.get(BOUND_WORK, 0.0) >= self.bulk_share * max(self._cp.values())
+            self.modes.append((self._bulk_bound, want))
 
     def choose_slot(self, sim, j):
         idx = super().choose_slot(sim, j)
@@ -175,23 +188,44 @@ class _AuditedRollplan(RollplanPolicy):
                 h = self.kv_headroom if guarded else self.bulk_headroom
             else:
                 h = self.critical_headroom if guarded else self.kv_headroom
-            room = (s.kv_free - s.watermark + sim.prefix_bonus(s, t) - sim.need_new(t)) / s.kv_cap
-            self.audit.append((room, h))
+            need = sim.need_new(t)
+            cap = max(0.0, (s.kv_cap - s.watermark - need) / s.kv_cap)
+            room = (s.kv_free - s.watermark + sim.prefix_bonus(s, t) - need) / s.kv_cap
+            self.audit.append((room, h, min(h, cap)))
         return idx
 
 
 def test_rollplan_headroom_guards_critical_slots_only() -> None:
     # Invariant: every admission leaves free, of the slot's KV, while the plan finds the batch bound by its
     # critical path: CRITICAL_HEADROOM where a predicted-critical trajectory is (or is admitted), KV_HEADROOM
-    # elsewhere; while it is bound by its bulk: KV_HEADROOM there, BULK_HEADROOM elsewhere. Each level is
-    # exercised (not vacuous): critical slots are guarded, bulk slots packed past KV_HEADROOM.
+    # elsewhere; while it is bound by its bulk (work bound >= BULK_SHARE x the largest pessimistic critical
+    # path): KV_HEADROOM there, BULK_HEADROOM elsewhere; never more than an empty slot would leave. Each level
+    # and both regimes are exercised (not vacuous): critical slots are guarded, bulk slots packed past
+    # KV_HEADROOM.
     src = BatchSource.dataset(builtin_bases(7, prompts=24), groups=12, samples=8, seed=7, max_context=40960)
     sc = Scenario("headroom", src, dedicated=3, max_batches=2, warmup_batches=2, sim=SimConfig(mem_util=0.5),
                   replan_interval_s=60.0, seed=7)
     pol = _AuditedRollplan()
     run = run_policy(sc, pol)
     assert run.summary["trajectories_completed"] == 2 * 96
-    assert pol.audit and all(room >= h - 1e-9 for room, h in pol.audit)
-    assert any(room < KV_HEADROOM for room, h in pol.audit if h == BULK_HEADROOM)
-    assert any(h == CRITICAL_HEADROOM for _room, h in pol.audit)
+    assert pol.audit and all(room >= h_eff - 1e-9 for room, _h, h_eff in pol.audit)
+    assert any(room < KV_HEADROOM for room, h, _e in pol.audit if h == BULK_HEADROOM)
+    assert any(h == CRITICAL_HEADROOM for _room, h, _e in pol.audit)
+    assert pol.modes and all(got == want for got, want in pol.modes)
+    assert {got for got, _want in pol.modes} == {True, False}
+    assert 0 < BULK_SHARE <= 1
     assert CRITICAL_HEADROOM > KV_HEADROOM > BULK_HEADROOM
+
+
+def test_rollplan_headroom_never_holds_back_what_an_empty_gpu_takes() -> None:
+    # A headroom larger than an empty GPU could leave after a long trajectory would keep it pending forever
+    # (the replay would stall). Capped, every trajectory runs; the cap is exercised (some admission's rule
+    # asked for more than an empty GPU leaves).
+    src = BatchSource.dataset(builtin_bases(7, prompts=24), groups=6, samples=4, seed=7, max_context=40960)
+    sc = Scenario("cap", src, dedicated=2, max_batches=1, warmup_batches=2, sim=SimConfig(mem_util=0.5),
+                  replan_interval_s=60.0, seed=7)
+    pol = _AuditedRollplan(critical_headroom=0.97)
+    run = run_policy(sc, pol)
+    assert run.summary["trajectories_completed"] == 24
+    assert all(room >= h_eff - 1e-9 for room, _h, h_eff in pol.audit)
+    assert any(h_eff < h for _room, h, h_eff in pol.audit)

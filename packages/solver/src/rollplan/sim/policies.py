@@ -270,22 +270,31 @@ Much less packs slots, so residents coming back from a tool call are preempted a
 longest trajectories decode beside more co-residents. Pass ``kv_headroom=0`` to ``make_policy("rollplan",
 ...)`` for the engine's watermark alone (no headroom anywhere)."""
 BULK_HEADROOM = 0.1
-"""The headroom, while the latest plan finds the batch bound by its bulk, on slots that host no
-predicted-critical trajectory, for a trajectory that is not one. Bound by its bulk: the plan's work/capacity
-bound reaches the largest pessimistic remaining critical path (``DISPATCH_Z``). Then the batch ends when the
-bulk's work is done, so packing the bulk's slots tighter (more trajectories decoding at once) is worth more
-than its trajectories' own speed; while the batch is bound by its longest trajectories, a tighter bulk only
-finishes earlier and waits. Chosen on the bench's Bamboo traces (0, 0.05, 0.1 and 0.2 tried; ad-hoc script):
-on g4dn, where the preemptible GPUs are fewer, one headroom of 0.3 everywhere left the bulk short of KV in
-the batches its bulk bounds; p3 moved by under 0.2%."""
-CRITICAL_HEADROOM = 0.65
+"""The headroom, while the latest plan finds the batch bound by its bulk (``BULK_SHARE``), on slots that host
+no predicted-critical trajectory, for a trajectory that is not one. Then the batch ends when the bulk's work
+is done, so packing the bulk's slots tighter (more trajectories decoding at once) is worth more than its
+trajectories' own speed; while the batch is bound by its longest trajectories, a tighter bulk only finishes
+earlier and waits. Chosen on the bench's Bamboo traces (0, 0.05, 0.1 and 0.2 tried; ad-hoc script): on g4dn,
+where the preemptible GPUs are fewer, one headroom of 0.3 everywhere left the bulk short of KV in the batches
+its bulk bounds; p3 moved by under 0.2%."""
+CRITICAL_HEADROOM = 0.85
 """The headroom, while the latest plan finds the batch bound by its critical path, on a slot that hosts a
 predicted-critical trajectory (``CRITICAL_SHARE``), and for admitting one anywhere. Fewer co-residents make
 its decode steps faster: the batch's longest trajectories decoded 1.3-1.8x slower than alone beside the bulk.
-Chosen on the bench's Bamboo traces (0.3, 0.45, 0.6, 0.65, 0.7 and 0.75 tried, then applied in every phase;
-ad-hoc script): up to 0.6-0.65 throughput holds or rises and the last-10% share falls; past 0.65 too few
-trajectories run beside the critical ones and g4dn's throughput drops. Applied in bulk-bound phases too, it
-cost 1-3% throughput when each sample holds its own prompt (``--no-share-prompt``)."""
+Never more than an empty slot could leave after admitting the trajectory (see ``RollplanPolicy.choose_slot``).
+Chosen on the bench's traces with ``BULK_SHARE`` (0.65, 0.75, 0.8, 0.85 and 0.9 tried; ad-hoc script; see
+docs/simulator.md): with ``BULK_SHARE`` 0.8, 0.85 gave the best throughput on Bamboo p3, and 0.9 left too few
+trajectories beside the critical ones. With ``BULK_SHARE`` 1 (the plan's work bound against the critical path
+as is), more than 0.65 cost g4dn throughput: batches whose bulk is nearly as long as their critical path were
+then run as bound by the critical path."""
+BULK_SHARE = 0.8
+"""The latest plan finds the batch bound by its bulk when its work/capacity bound is at least this share of the
+largest pessimistic remaining critical path (``DISPATCH_Z``). The work bound has every GPU decode at full
+speed with no headroom, prefill or tool wait; the bulk runs slower than that (while the batch is bound by its
+critical path, its GPUs keep ``KV_HEADROOM`` free), so a batch whose work bound is a little under its critical
+path is in fact bound by both. Chosen with ``CRITICAL_HEADROOM`` on the bench's traces (1, 0.85, 0.8, 0.75
+and 0.7 tried; ad-hoc script): lower shares move more batches into the bulk-bound regime, raising throughput
+on Bamboo p3 and the last-10% share with it."""
 CRITICAL_SHARE = 0.85
 """A trajectory is predicted-critical when its pessimistic remaining critical path (see ``DISPATCH_Z``) is at
 least this share of the largest one of the batch's unfinished trajectories (0.5, 0.7 and 0.85 tried)."""
@@ -335,7 +344,8 @@ class RollplanPolicy(BasePolicy):
 
     def __init__(self, backend: str = "greedy", time_limit: float = 0.02, switch_weight: float = 0.01,
                  deterministic: bool = True, kv_headroom: float = KV_HEADROOM,
-                 bulk_headroom: float = BULK_HEADROOM, critical_headroom: float = CRITICAL_HEADROOM) -> None:
+                 bulk_headroom: float = BULK_HEADROOM, critical_headroom: float = CRITICAL_HEADROOM,
+                 bulk_share: float = BULK_SHARE) -> None:
         from rollplan.sim.predict import Predictor
         from rollplan.solver import BACKENDS, Planner, PlannerConfig
 
@@ -351,6 +361,7 @@ class RollplanPolicy(BasePolicy):
         # kv_headroom = 0: no headroom rule at all (the engine's watermark alone).
         self.bulk_headroom = min(bulk_headroom, kv_headroom)
         self.critical_headroom = max(critical_headroom, kv_headroom) if kv_headroom > 0 else 0.0
+        self.bulk_share = bulk_share
         # Predicted-critical trajectories (``CRITICAL_SHARE``): None = recompute from ``_cp`` when next needed;
         # their slots, cached for one instant (``_crit_slots_at``).
         self._crit: set[int] | None = None
@@ -547,10 +558,11 @@ class RollplanPolicy(BasePolicy):
             return
         self.last_gap = plan.gap
         self.last_status = plan.status.value
-        # Bound by its bulk: the plan's work/capacity bound reaches the pessimistic critical path (the same
-        # mean + DISPATCH_Z spreads the dispatch order uses; the plan's own critical-path bound uses the means,
-        # which the longest of a group's samples exceeds).
-        self._bulk_bound = plan.bounds.get(BOUND_WORK, 0.0) >= max(self._cp.values(), default=0.0)
+        # Bound by its bulk: the plan's work/capacity bound reaches BULK_SHARE of the pessimistic critical path
+        # (the same mean + DISPATCH_Z spreads the dispatch order uses; the plan's own critical-path bound uses
+        # the means, which the longest of a group's samples exceeds).
+        cp_max = max(self._cp.values(), default=0.0)
+        self._bulk_bound = plan.bounds.get(BOUND_WORK, 0.0) >= self.bulk_share * cp_max
         index = sim.slot_index
         by_id = {t.spec.id: t for t in sim.trajs}
         # 1. Slots that will decode: bring them up first (their engines start now).
@@ -641,8 +653,10 @@ class RollplanPolicy(BasePolicy):
         bulk                ``kv_headroom``         ``bulk_headroom``
         ==================  ======================  ======================
 
-        A prompt a resident sibling holds on the slot (``prefix_bonus``) is not needed again. (The executor does
-        not apply this admission rule: it routes by the plan and each engine queues what it cannot fit.)"""
+        A prompt a resident sibling holds on the slot (``prefix_bonus``) is not needed again. The headroom is
+        never more than an empty slot would keep after admitting j (its KV less the watermark and j's need), so
+        a long trajectory is never held back by a headroom no slot could give. (The executor does not apply this
+        admission rule: it routes by the plan and each engine queues what it cannot fit.)"""
         t = sim.trajs[j]
         need = sim.need_new(t)
         crit = self._critical()
@@ -656,9 +670,10 @@ class RollplanPolicy(BasePolicy):
             crit_slots = self._critical_slots(sim, crit)
         if t.preferred >= 0:
             s = sim.slots[t.preferred]
-            h = hi if s.idx in crit_slots else lo
+            hc = (hi if s.idx in crit_slots else lo) * s.kv_cap
+            room = s.kv_free - s.watermark + sim.prefix_bonus(s, t) - need
             if (s.present and s.role in DECODING and s.ready_at <= sim.now
-                    and s.kv_free - s.watermark + sim.prefix_bonus(s, t) - need >= h * s.kv_cap):
+                    and room >= min(hc, max(0, s.kv_cap - s.watermark - need))):
                 return self._admit(j, s.idx, crit)
         # Hot (every dispatch attempt, over tens of slots): the test above inlined. ``prefix_bonus`` is at
         # most t.share, so most slots are rejected without the group lookup.
@@ -668,6 +683,8 @@ class RollplanPolicy(BasePolicy):
         for s in self.candidates(sim):
             hc = (hi if s.idx in crit_slots else lo) * s.kv_cap
             room = s.kv_free - s.watermark - need
+            if hc > s.kv_cap - s.watermark - need:  # no headroom an empty GPU could not give (j must fit somewhere)
+                hc = max(0, s.kv_cap - s.watermark - need)
             if room < hc:
                 if room + share < hc:
                     continue
@@ -729,7 +746,7 @@ def make_policy(name: str, **options: Any) -> BasePolicy:
     if name == "rollplan":
         return RollplanPolicy(**{k: v for k, v in options.items()
                                  if k in ("backend", "time_limit", "switch_weight", "deterministic", "kv_headroom",
-                                          "bulk_headroom", "critical_headroom")})
+                                          "bulk_headroom", "critical_headroom", "bulk_share")})
     raise UnknownNameError("policy", name, POLICY_NAMES)
 
 
