@@ -284,9 +284,8 @@ its decode steps faster: the batch's longest trajectories decoded 1.3-1.8x slowe
 Never more than an empty slot could leave after admitting the trajectory (see ``RollplanPolicy.choose_slot``).
 Chosen on the bench's traces with ``BULK_SHARE`` (0.65, 0.75, 0.8, 0.85 and 0.9 tried; ad-hoc script; see
 docs/simulator.md): with ``BULK_SHARE`` 0.8, 0.85 gave the best throughput on Bamboo p3, and 0.9 left too few
-trajectories beside the critical ones. With ``BULK_SHARE`` 1 (the plan's work bound against the critical path
-as is), more than 0.65 cost g4dn throughput: batches whose bulk is nearly as long as their critical path were
-then run as bound by the critical path."""
+trajectories beside the critical ones. With ``BULK_SHARE`` 1 (the previous rule; that sweep applied the
+critical headroom in every phase), more than 0.65 cost g4dn throughput."""
 BULK_SHARE = 0.8
 """The latest plan finds the batch bound by its bulk when its work/capacity bound is at least this share of the
 largest pessimistic remaining critical path (``DISPATCH_Z``). The work bound has every GPU decode at full
