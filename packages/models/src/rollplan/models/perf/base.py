@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+from rollplan.models.errors import UserInputError
 from rollplan.models.specs import GpuKind, ModelSpec
 
 
@@ -22,6 +23,19 @@ class PerfModel(Protocol):
     def model(self) -> ModelSpec: ...
     @property
     def tp(self) -> int: ...
+
+    def step_time(self, prefill_tokens: int, prefill_context: int, decode_seqs: int, decode_kv_tokens: float) -> float:
+        """One forward pass of a mixed batch (vLLM chunked prefill): a prefill chunk of ``prefill_tokens`` new
+        tokens on top of ``prefill_context`` tokens already in KV, batched with ``decode_seqs`` decoding
+        sequences that read ``decode_kv_tokens`` KV tokens in all (summed over them). The linear layers run
+        once over ``prefill_tokens + decode_seqs`` tokens, so a mixed step costs less than a decode step plus
+        a prefill chunk, but a large chunk makes it compute-bound and stretches every co-running decode.
+        ``step_time(0, 0, b, b * kv) == decode_step_time(b, kv)`` and ``step_time(p, c, 0, 0) ==
+        prefill_time([p], [c])``. Raises ``UserInputError`` on negative or non-integer counts.
+
+        Callers: the simulator (memoised tables, once per batch change of a slot), the planner (a few points
+        per slot type per solve, to linearise), ``rollplan perf``."""
+        ...
 
     def prefill_time(self, prompt_tokens: Sequence[int], cached_tokens: Sequence[int] | None = None) -> float:
         """One prefill forward over a batch: sequence i adds ``prompt_tokens[i]`` new tokens on top of
@@ -67,3 +81,14 @@ class PerfModel(Protocol):
 
 PerfProvider = Callable[[str, int], PerfModel]
 """Maps (GPU kind name, TP degree) to the PerfModel of the snapshot's model on it."""
+
+
+def check_step_args(prefill_tokens: object, prefill_context: object, decode_seqs: object, decode_kv_tokens: object) -> None:
+    """Raise ``UserInputError`` naming the first argument of ``step_time`` that is not a valid count."""
+    for name, value, integral in (("prefill_tokens", prefill_tokens, True), ("prefill_context", prefill_context, True),
+                                  ("decode_seqs", decode_seqs, True), ("decode_kv_tokens", decode_kv_tokens, False)):
+        ok_type = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok_type or value != value or value < 0 or (integral and value != int(value)):  # type: ignore[operator]
+            kind = "a non-negative integer" if integral else "a non-negative number"
+            raise UserInputError(f"step_time: {name}={value!r} is not {kind}",
+                                 fix=f"pass {name} as {kind} (token or sequence counts)")

@@ -28,7 +28,8 @@ from typing import Any
 
 from rollplan.models.errors import SchemaError, UserInputError
 from rollplan.models.io import from_jsonable, to_jsonable
-from rollplan.models.perf.compose import LayerShapes, StepBreakdown, decode_step, prefill_step
+from rollplan.models.perf.base import check_step_args
+from rollplan.models.perf.compose import LayerShapes, StepBreakdown, decode_step, mixed_step, prefill_step
 from rollplan.models.perf.kernels import (
     Curve,
     DecodeAttnFit,
@@ -102,6 +103,14 @@ class StepFit:
         a, b, c, d = self.prefill
         work = sum(n * (k + n / 2.0) for n, k in zip(new, cached, strict=True))
         return a + b * sum(new) + c * work + d * sum(1 for n in new if n > 0)
+
+    def mixed_time(self, new: int, cached: int, batch: int, kv_total: float) -> float:
+        """A prefill chunk of ``new`` tokens over ``cached`` batched with ``batch`` decodes reading ``kv_total``
+        KV tokens: the decode step plus the chunk, the per-step intercept counted once (the larger of the two)."""
+        assert self.decode is not None and self.prefill is not None
+        dec = self.decode_time(batch, kv_total / batch if batch > 0 else 0.0)
+        pre = self.prefill_time([new], [cached])
+        return dec + pre - min(self.decode[0], self.prefill[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +198,23 @@ class CalibratedPerfModel:
             cached = list(cached_tokens) if cached_tokens is not None else [0] * len(prompt_tokens)
             return step.prefill_time(list(prompt_tokens), cached)
         return self.prefill_breakdown(prompt_tokens, cached_tokens).total
+
+    def step_time(self, prefill_tokens: int, prefill_context: int, decode_seqs: int, decode_kv_tokens: float) -> float:
+        """See ``PerfModel.step_time``. With a whole-step profile fit for this model and TP, its ``mixed`` form
+        if it has one, else the profile's decode step plus its prefill chunk less one per-step intercept (the
+        step's fixed host work is paid once); otherwise the kernel composition (``mixed_step``)."""
+        check_step_args(prefill_tokens, prefill_context, decode_seqs, decode_kv_tokens)
+        if prefill_tokens <= 0 and decode_seqs <= 0:
+            return 0.0
+        if prefill_tokens <= 0:
+            return self.decode_step_time(int(decode_seqs), decode_kv_tokens / decode_seqs)
+        if decode_seqs <= 0:
+            return self.prefill_time([int(prefill_tokens)], [int(prefill_context)])
+        step = self._step
+        if step is not None and step.decode is not None and step.prefill is not None:
+            return step.mixed_time(int(prefill_tokens), int(prefill_context), int(decode_seqs), float(decode_kv_tokens))
+        kv = decode_kv_tokens / decode_seqs
+        return mixed_step(self._kernels, self._shapes, [int(prefill_tokens)], [int(prefill_context)], int(decode_seqs), kv).total
 
     def decode_step_time(self, batch: int, kv_tokens: float) -> float:
         if batch <= 0:

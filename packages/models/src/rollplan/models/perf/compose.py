@@ -11,6 +11,12 @@ A forward pass over ``m`` tokens on ``tp`` GPUs (Megatron-style tensor paralleli
     all-reduce two per layer (after o and after down) of m * hidden values, when tp > 1
 
 then the LM head (m = sequences in prefill, batch in decode; n = vocab / tp) and a per-step host overhead.
+
+A *mixed* step (vLLM's chunked prefill: the running decodes and a prefill chunk in one forward pass,
+``mixed_step``) runs every GEMM, elementwise op and all-reduce once over the prefill tokens and the decode
+tokens together (the weights are read once for both), the prefill attention over the chunk's context and the
+decode attention over the decodes' KV, and the LM head over the decodes plus the chunk's last position.
+Decode-only and prefill-only steps are its special cases (``decode_step``, ``prefill_step``).
 The same composition serves the roofline, the calibrated model and the measured-table reference, so an error
 report compares like with like.
 """
@@ -127,6 +133,21 @@ def _rest(k: Kernels, s: LayerShapes, m: float, head_rows: float, seqs: int) -> 
     allreduce = s.layers * 2 * k.allreduce(m * s.hidden * s.dtype_bytes, s.tp)
     lm_head = k.gemm(head_rows, s.vocab_local, s.hidden, s.dtype_bytes)
     return gemm, elementwise, allreduce, lm_head, k.step_overhead(seqs)
+
+
+def mixed_step(k: Kernels, s: LayerShapes, new: Sequence[int], cached: Sequence[int], batch: int,
+               kv_tokens: float) -> StepBreakdown:
+    """One forward pass of a mixed batch: prefill sequence i adds ``new[i]`` tokens after ``cached[i]`` ones, and
+    ``batch`` decode sequences holding ``kv_tokens`` KV tokens each (mean) add one token each."""
+    tokens = float(sum(new))
+    seqs = sum(1 for n in new if n > 0)
+    attn = 0.0
+    if seqs:
+        attn += s.layers * k.attn_prefill(new, cached, s.q_heads, s.kv_heads, s.head_dim, s.dtype_bytes)
+    if batch > 0:
+        attn += s.layers * k.attn_decode(batch, kv_tokens, s.q_heads, s.kv_heads, s.head_dim, s.dtype_bytes)
+    gemm, elementwise, allreduce, lm_head, overhead = _rest(k, s, tokens + batch, float(seqs + batch), seqs + batch)
+    return StepBreakdown(attn, gemm, elementwise, allreduce, lm_head, overhead)
 
 
 def decode_step(k: Kernels, s: LayerShapes, batch: int, kv_tokens: float) -> StepBreakdown:

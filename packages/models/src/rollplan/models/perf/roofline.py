@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rollplan.models.perf.compose import LayerShapes, StepBreakdown, decode_step, prefill_step
+from rollplan.models.perf.base import check_step_args
+from rollplan.models.perf.compose import LayerShapes, StepBreakdown, decode_step, mixed_step, prefill_step
 from rollplan.models.perf.kernels import RooflineKernels
 from rollplan.models.specs import GpuKind, ModelSpec
 
@@ -87,6 +88,17 @@ class RooflinePerfModel:
     def prefill_breakdown(self, prompt_tokens: Sequence[int], cached_tokens: Sequence[int] | None = None) -> StepBreakdown:
         cached = list(cached_tokens) if cached_tokens is not None else [0] * len(prompt_tokens)
         return prefill_step(self.kernels, self.shapes, list(prompt_tokens), cached)
+
+    def mixed_breakdown(self, prefill_tokens: int, prefill_context: int, decode_seqs: int, decode_kv_tokens: float) -> StepBreakdown:
+        new, cached = ([int(prefill_tokens)], [int(prefill_context)]) if prefill_tokens > 0 else ([], [])
+        kv = decode_kv_tokens / decode_seqs if decode_seqs > 0 else 0.0
+        return mixed_step(self.kernels, self.shapes, new, cached, int(decode_seqs), kv)
+
+    def step_time(self, prefill_tokens: int, prefill_context: int, decode_seqs: int, decode_kv_tokens: float) -> float:
+        check_step_args(prefill_tokens, prefill_context, decode_seqs, decode_kv_tokens)
+        if prefill_tokens <= 0 and decode_seqs <= 0:
+            return 0.0
+        return self.mixed_breakdown(prefill_tokens, prefill_context, decode_seqs, decode_kv_tokens).total
 
     def prefill_time(self, prompt_tokens: Sequence[int], cached_tokens: Sequence[int] | None = None) -> float:
         if sum(prompt_tokens) <= 0:
