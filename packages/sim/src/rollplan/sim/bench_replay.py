@@ -168,6 +168,13 @@ def per_batch_rows(result: ReplayResult) -> dict[str, Any]:
             "tail_share": column("tail_share")}
 
 
+def role_shares(summary: dict[str, Any]) -> dict[str, float]:
+    """Share of a run's present GPU-seconds by role (mixed, prefill, decode) and switching; "off" left out."""
+    gs = {k: v for k, v in summary.get("gpu_seconds", {}).items() if k != "off"}
+    total = sum(gs.values())
+    return {k: round(v / total, 4) for k, v in sorted(gs.items())} if total > 0 else {}
+
+
 def trace_row(name: str, result: ReplayResult, *, per_batch: bool = False) -> dict[str, Any]:
     """The bench's row for one trace (see the module docstring); ``per_batch``: add ``per_batch_rows``."""
     s = {r.name: r.summary for r in result.runs}
@@ -202,6 +209,8 @@ def trace_row(name: str, result: ReplayResult, *, per_batch: bool = False) -> di
         "tail_share_all": {k: v["tail_share"]["mean"] for k, v in s.items()},
         "rollout_over_floor": over_floor,
         "tokens_per_s": {k: v["throughput_tokens_per_s"] for k, v in s.items()},
+        # Share of each policy's serving GPU-seconds in each role (and switching): where PREFILL/DECODE pay.
+        "gpu_seconds_by_role": {k: role_shares(v) for k, v in s.items()},
         "batches": {k: v["batches_completed"] for k, v in s.items()},
         "replans_rollplan": s.get("rollplan", {}).get("replans", {}).get("count"),
         "gap_rollplan_mean": s.get("rollplan", {}).get("replans", {}).get("gap", {}).get("mean"),

@@ -142,6 +142,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         pass
     else:
         register_workload(app)
+    register_pd_crossover(bench)
 
     @app.command("replay")
     def replay_cmd(
@@ -179,7 +180,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON (no plot series) on stdout.")] = False,
         seed: Annotated[int, typer.Option("--seed", help="Seed of the workload variation.")] = 0,
     ) -> None:
-        """Replay an availability trace with a workload under the five policies; report and plots in --out."""
+        """Replay an availability trace with a workload under the policies; report and plots in --out."""
         from rollplan.models.specs import gpu_kind, model_spec
         from rollplan.sim.engine import SimConfig
         from rollplan.sim.lending import LendingConfig, LendMode
@@ -313,4 +314,52 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             t.add_row(r["trace"], f"{r['duration_h']:.1f}", str(r["rollplan_vs_elastic"]),
                       str(r["rollplan_vs_elastic_ceiling"]), str(r["rollplan_vs_formula_pd"]),
                       str(r["rollplan_vs_static"]), str(tails.get("rollplan")), f"{base:.4f}")
+        Console(stderr=True, width=150).print(t)
+
+
+def register_pd_crossover(bench: typer.Typer) -> None:
+    """Add ``bench pd-crossover`` (rollplan.sim.bench_pd)."""
+
+    @bench.command("pd-crossover")
+    def bench_pd_cmd(
+        data: Annotated[Path, typer.Option("--data", help="Shared data folder (SWE-bench agent traces).")] = DEFAULT_DATA,
+        seeds: Annotated[str, typer.Option("--seeds", help="Comma list of workload seeds.")] = "0,1,2,3",
+        sizes: Annotated[str, typer.Option("--prompts", help="Comma list of prompts per batch (x --samples).")] = "4,12",
+        samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per prompt.")] = 8,
+        gpus: Annotated[int, typer.Option("--gpus", min=2, help="Dedicated GPUs.")] = 8,
+        gpu: Annotated[str, typer.Option("--gpu", help="GPU kind.")] = "h800",
+        model: Annotated[str, typer.Option("--model", help="Model preset.")] = "qwen3-8b",
+        batches: Annotated[int, typer.Option("--batches", min=1, help="Batches per replay.")] = 3,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the JSON only.")] = False,
+    ) -> None:
+        """Colocated vs disaggregated P/D on dedicated GPUs at two batch sizes, next to PEARL's figures."""
+        from rollplan.models.specs import gpu_kind, model_spec
+        from rollplan.sim.bench_pd import run_pd_crossover, table_rows
+
+        model_spec(model)
+        gpu_kind(gpu)
+
+        def ints(text: str, option: str) -> tuple[int, ...]:
+            try:
+                vals = tuple(int(x) for x in text.split(",") if x.strip())
+            except ValueError:
+                raise UserInputError(f"{option} {text!r} is not a comma list of integers", fix=f"e.g. {option} 0,1,2") from None
+            if not vals or any(v < 0 for v in vals) or (option == "--prompts" and any(v < 1 for v in vals)):
+                raise UserInputError(f"{option} {text!r} needs non-negative integers (prompts >= 1)",
+                                     fix=f"e.g. {option} 4,12")
+            return vals
+
+        doc = run_pd_crossover(data, sizes=ints(sizes, "--prompts"), samples=samples, seeds=ints(seeds, "--seeds"),
+                               gpus=gpus, gpu=gpu, model=model, batches=batches)
+        print(json.dumps(doc, indent=1))
+        if as_json:
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"bench pd-crossover: {gpus} x {gpu}, {model}, mean rollout s over seeds {seeds}")
+        for col in ("trajectories", "colocated s", "best disagg s (P:D)", "colocated / disagg", "faster", "PEARL"):
+            t.add_column(col, justify="right")
+        for row in table_rows(doc):
+            t.add_row(*row)
         Console(stderr=True, width=150).print(t)

@@ -12,12 +12,21 @@ Model (the contract every policy is measured against; docs/simulator.md explains
   growth; when it does not fit, the youngest trajectory of the slot that is not decoding is preempted
   (vLLM-style recompute: its KV is dropped, its token progress kept; it must re-prefill its whole context
   wherever it runs next).
-- Analytic fast-forward: between events a slot's decoding set is fixed, so one decode step costs
-  ``tau = decode_step_time(b, mean KV) + sum_j rho_j`` and the slot's virtual step counter ``V`` grows
-  linearly in time; a trajectory that joined at ``V0`` with ``D`` decode tokens to go finishes at
-  ``V0 + D``, so the next completion time is computed, never stepped. ``rho_j`` is j's prefill work spread
-  over its decode steps (chunked prefill: every step carries a chunk; a chunk costs ``prefill_time(chunk)``
-  on top of the decode step, so the slot's time is decode steps + prefill chunks, as the PerfModel says).
+- Analytic fast-forward: between events a slot's decoding set is fixed, so its mean step time ``tau`` is
+  fixed and the slot's virtual step counter ``V`` grows linearly in time; a trajectory that joined at ``V0``
+  with ``D`` decode tokens to go finishes at ``V0 + D``, so the next completion time is computed, never
+  stepped.
+- Batched step physics (MIXED slots, vLLM's chunked prefill): every step runs the ``b`` running decodes, and
+  while prefill is pending it also runs a chunk of ``B - b`` prefill tokens (``B`` = ``prefill_chunk``, the
+  token budget) in the same forward pass, priced by ``PerfModel.step_time``: the weights are read once for
+  both, so a mixed step costs ``t_mix = t_dec + t_chunk - S(b)`` with ``S(b)`` the overlap (the shared weight
+  reads and per-step overhead). Trajectory j needs ``r_j = P_j / D_j`` prefill tokens per decode step
+  (``P_j`` its segment's prefill tokens) at a price of ``rho_j`` seconds per step when run alone
+  (context-aware, from the prefill tables); a fraction ``f = min(1, sum_j r_j / (B - b))`` of the steps
+  carries a chunk, so ``tau = t_dec(b, mean KV) + sum_j rho_j - f * S(b)`` (never below ``t_dec``): the mean
+  of decode-only and mixed steps. The co-running decodes feel every chunk (the critical path stretches by
+  ``f * (t_mix - t_dec)``); DECODE slots run decode-only steps (``tau = t_dec``), their prefill on PREFILL
+  slots and the KV shipped over the link.
 - Segments: consecutive turns of one trajectory whose tool waits are <= ``fold_tool_s`` are simulated as one
   segment: the trajectory decodes the segment's tokens, then waits the folded tool seconds plus the
   segment's last tool call (its KV stays pinned). ``fold_tool_s = 0`` gives one segment per turn (exact
@@ -194,6 +203,7 @@ class FastPerf:
         self._dec: dict[tuple[int, int], float] = {}
         self._dec_lin: dict[tuple[int, int], tuple[float, float]] = {}
         self._pf: dict[tuple[int, int], float] = {}
+        self._overlap: dict[int, float] = {}
         self._spec: dict[int, tuple[Any, tuple[float, list[float], list[int]]]] = {}
         self._folds: dict[float, dict[int, tuple[SimTraj, FoldIndex]]] = {}
         self._grid: list[list[float]] | None = None
@@ -318,6 +328,18 @@ class FastPerf:
                 bot = r0[k + 1] + (r1[k + 1] - r0[k + 1]) * fx
                 sums.append(sums[-1] + (top + (bot - top) * fy))
         return sums[q]
+
+    def overlap(self, b: int) -> float:
+        """``S(b)``: seconds a mixed step of ``b`` decodes and a ``chunk - b``-token prefill chunk saves against
+        the decode step and the chunk run apart (``PerfModel.step_time``; the weights are read once). The
+        attention terms are the same either way, so it is priced at no context. Memoised per ``b``."""
+        v = self._overlap.get(b)
+        if v is None:
+            c = max(self.chunk - b, 1)
+            p = self.perf
+            v = p.decode_step_time(b, 0.0) + p.prefill_time([c], [0]) - p.step_time(c, 0, b, 0.0)
+            v = self._overlap[b] = max(0.0, v)
+        return v
 
     def transfer(self, tokens: float, same_node: bool) -> float:
         i = 0 if same_node else 1
@@ -483,6 +505,7 @@ class SlotState:
         "rho_remote",
         "rho_sum",
         "role",
+        "rtok_sum",
         "sched_t",
         "source",
         "t_ref",
@@ -521,6 +544,7 @@ class SlotState:
         self.n_run = 0
         self.kv_sum = 0.0
         self.rho_sum = 0.0
+        self.rtok_sum = 0.0  # prefill tokens per decode step its running members need (MIXED batching)
         self.reserved = 0
         self.residents: dict[int, None] = {}
         # group -> [its residents, prompt tokens held for it, its residents not in a tool call] (``share_prompt``)
@@ -590,6 +614,7 @@ class TrajState:
         "seg_m",
         "seg_rho",
         "seg_rrho",
+        "seg_rtok",
         "seg_t0",
         "sh",
         "share",
@@ -642,6 +667,7 @@ class TrajState:
         self.tool_until = 0.0
         self.tool_t0 = 0.0  # when its current tool call began (LRU order of evictable KV)
         self.seg_rrho = 0.0  # remote prefill seconds per decode step (DECODE slots with a PREFILL pool)
+        self.seg_rtok = 0.0  # prefill tokens per decode step its segment carries on its own slot
         self.seg_t0 = 0.0
         self.pf_start = 0.0
         self.pf_secs = 0.0
@@ -791,6 +817,7 @@ class Simulator:
         s.sched_t = math.inf
         s.heap.clear()
         s.n_run, s.kv_sum, s.rho_sum, s.reserved = 0, 0.0, 0.0, 0
+        s.rtok_sum = 0.0
         s.residents.clear()
         s.groups.clear()
         s.idle = 0
@@ -948,11 +975,20 @@ class Simulator:
         change is a no-op."""
         n = s.n_run
         if n <= 0:
-            s.n_run, s.kv_sum, s.rho_sum, s.rho_remote = 0, 0.0, 0.0, 0.0
+            s.n_run, s.kv_sum, s.rho_sum, s.rho_remote, s.rtok_sum = 0, 0.0, 0.0, 0.0, 0.0
             s.tau = math.inf
             c = 0.0
         else:
-            tau = s.tau = s.perf.decode(n, s.kv_sum / n) + s.rho_sum
+            perf = s.perf
+            dec = perf.decode(n, s.kv_sum / n)
+            tau = dec + s.rho_sum
+            if s.rtok_sum > 0.0:  # batched step physics (module docstring): mixed steps share weight reads
+                room = perf.chunk - n
+                f = s.rtok_sum / room if room > s.rtok_sum else 1.0
+                tau -= f * perf.overlap(n)
+                if tau < dec:
+                    tau = dec
+            s.tau = tau
             c = s.rho_remote / tau if s.rho_remote > 0 else 0.0
         if c != s.pool_c:
             self.pool_load = max(0.0, self.pool_load + c - s.pool_c)
@@ -1243,6 +1279,7 @@ class Simulator:
         p0, cached, m, d, w, ctx0, ctx_end = seg
         perf = s.perf
         j.seg_rrho = 0.0
+        j.seg_rtok = 0.0
         self._reserve(j, s, ctx_end)
         if j.t_start < 0:
             j.t_start = self.now
@@ -1295,6 +1332,7 @@ class Simulator:
             # no PREFILL slot: the DECODE slot prefills itself, as a MIXED one
         f = later_s + first
         j.seg_rho = f / j.seg_D if j.seg_D > 0 else 0.0
+        j.seg_rtok = (p0 + later_tok) / j.seg_D if j.seg_D > 0 else 0.0
         if p0 or later_tok:
             rec = self.recorder
             rec.prefill(self.now, p0 + later_tok)
@@ -1322,6 +1360,7 @@ class Simulator:
         s.n_run += 1
         s.kv_sum += kv
         s.rho_sum += j.seg_rho
+        s.rtok_sum += j.seg_rtok
         s.rho_remote += j.seg_rrho
         self._retau(s)
         heapq.heappush(s.heap, (v0 + j.seg_D, ep, j.idx, ep))
@@ -1331,6 +1370,7 @@ class Simulator:
         s.n_run -= 1
         s.kv_sum -= j.seg_kv
         s.rho_sum -= j.seg_rho
+        s.rtok_sum -= j.seg_rtok
         j.epoch = self._new_epoch()
         s.rho_remote -= j.seg_rrho
 
