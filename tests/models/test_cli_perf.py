@@ -13,6 +13,12 @@ import pytest
 
 from rollplan.solver.cli import main
 
+
+def shipped_file(gpu: str) -> str:
+    from importlib import resources
+
+    return str(resources.files("rollplan.models").joinpath("data", f"calibrated_{gpu}.json"))
+
 PREDICT = ["perf", "predict", "--gpu", "h100", "--model", "llama-3-8b", "--tp", "1"]
 
 
@@ -166,8 +172,61 @@ def test_fit_tables_json(shared_data: Path, tmp_path: Path, capsys: pytest.Captu
     code, out, err = run(["perf", "fit", "--data", str(shared_data), "--gpu", "h100", "--out", str(out_file), "--json"], capsys)
     assert code == 0, err
     rep = json.loads(out)
-    assert rep["mape"]["decode_step"]["mape"] <= 0.15 and rep["mape"]["prefill"]["mape"] <= 0.15
-    assert rep["tpot"]["max_abs_error_batch_ge_20"] <= 0.20 and all(rep["pass"].values())
+    assert rep["mape"]["decode_step"]["mape"] <= 0.05 and rep["mape"]["prefill"]["mape"] <= 0.05
+    assert rep["mape"]["mixed_step"]["mape"] <= 0.05
+    assert rep["tpot"]["max_abs_error_batch_ge_20"] <= 0.10 and all(rep["pass"].values())
+    assert [r["tp"] for r in rep["per_tp"]["rows"]] == [1, 2, 4, 8]
     assert json.loads(out_file.read_text())["gpu"] == "h100"
     code, out, _ = run([*PREDICT, "--batch", "32", "--context", "1000", "--calibration", str(out_file), "--json"], capsys)
     assert code == 0 and json.loads(out)["perf_model"] == "CalibratedPerfModel"
+
+
+def test_fit_tables_prints_the_per_tp_table(shared_data: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps to the terminal width
+    code, out, err = run(["perf", "fit", "--data", str(shared_data), "--gpu", "h100"], capsys)
+    assert code == 0, err
+    assert "TP predicted vs measured" in out and "mixed_step MAPE" in out and "Vidur" in out
+    rows = [line for line in out.splitlines() if "512-token chunk + 32 seqs x 2047 KV" in line]
+    assert len(rows) == 4  # one mixed-step example per TP degree 1/2/4/8
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--tp", "3"], "--tp=3 does not divide qwen3-8b's 32 attention heads"),
+        (["--tp", "64"], "--tp=64 does not divide qwen3-8b's 32 attention heads"),
+        (["--tp", "1.5"], "Invalid value for '--tp'"),
+        (["--tp", "-2"], "--tp: Input should be greater than or equal to 1"),
+        (["--gpu", "h200", "--calibration", "H100"], "calibration field 'gpu' is 'h100'"),
+        (["--calibration", "NO_GPU"], "gpu: Field required"),
+        (["--calibration", "NEG_RATE"], "gemm.flops_per_s: must be a finite number > 0, got -1.0"),
+    ],
+)
+def test_predict_tp_and_calibration_errors(args: list[str], needle: str, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    shipped = json.loads(Path(shipped_file("h100")).read_text())
+    files = {"H100": shipped, "NO_GPU": {k: v for k, v in shipped.items() if k != "gpu"},
+             "NEG_RATE": {**shipped, "gemm": {**shipped["gemm"], "flops_per_s": -1.0}}}
+    for name, doc in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    args = [str(tmp_path / f"{a}.json") if a in files else a for a in args]
+    code, _, err = run(["perf", "predict", "--gpu", "h100", "--model", "qwen3-8b", "--prompt-tokens", "5", *args], capsys)
+    assert code == 2, err
+    assert needle in err and "To fix:" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_queries_tp_error_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"model": "qwen3-8b", "prompt_tokens": 12}\n{"model": "qwen3-8b", "tp": 6, "prompt_tokens": 12}\n')
+    code, out, err = run(["perf", "predict", "--gpu", "h100", "--queries", str(q)], capsys)
+    assert code == 2 and out == ""
+    assert 'q.jsonl:2: "tp"=6 does not divide' in err and "To fix:" in err and len(err.strip().splitlines()) == 1
+
+
+def test_fit_profile_tp_must_divide_the_heads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prof = tmp_path / "profile.jsonl"
+    prof.write_text(PROFILE)
+    code, _, err = run(["perf", "fit", "--profile", str(prof), "--gpu", "cpu", "--model", "tiny", "--tp", "4"], capsys)
+    assert code == 2 and "--tp=4 does not divide tiny's 2 attention heads" in err and len(err.strip().splitlines()) == 1

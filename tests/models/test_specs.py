@@ -7,6 +7,8 @@ Invariants (hypothesis):
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -87,3 +89,40 @@ def test_experts_touched_monotone(a: float, b: float) -> None:
     lo, hi = sorted((a, b))
     assert moe.experts_touched(lo) <= moe.experts_touched(hi) + 1e-9
     assert moe.experts_touched(hi) <= moe.num_experts + 1e-9
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "needle"),
+    [
+        ("qwen3-8b", 3, "tp=3 does not divide qwen3-8b's 32 attention heads"),
+        ("qwen3-8b", 0, "tp=0 is not a positive integer"),
+        ("qwen3-8b", -4, "tp=-4 is not a positive integer"),
+        ("qwen3-8b", 2.0, "tp=2.0 is not a positive integer"),
+        ("qwen3-8b", True, "tp=True is not a positive integer"),
+        ("qwen3-8b", "2", "tp='2' is not a positive integer"),
+        ("tiny", 4, "tp=4 does not divide tiny's 2 attention heads"),
+    ],
+)
+def test_tp_degree_checks(model: str, tp: object, needle: str) -> None:
+    from rollplan.models.errors import UserInputError
+    from rollplan.models.perf import perf_model
+    from rollplan.models.specs import check_tp
+
+    with pytest.raises(UserInputError, match=re.escape(needle)) as info:
+        check_tp(model_spec(model), tp)
+    assert "To fix:" in str(info.value)
+    for calibrated in (False, True):
+        if model == "tiny" and calibrated:
+            continue  # no shipped calibration for the CPU
+        with pytest.raises(UserInputError, match=re.escape(needle)):
+            perf_model("h100", model, tp, calibrated=calibrated)  # type: ignore[arg-type]
+
+
+def test_valid_tp_degrees_pass() -> None:
+    import numpy as np
+
+    from rollplan.models.specs import check_tp
+
+    assert [check_tp(model_spec("qwen3-8b"), t) for t in (1, 2, 4, 8, 16, 32)] == [1, 2, 4, 8, 16, 32]
+    assert check_tp(model_spec("llama-2-70b"), 16) == 16  # 8 KV heads replicated over 16 GPUs
+    assert check_tp(model_spec("qwen3-8b"), np.int64(4)) == 4

@@ -6,9 +6,10 @@ into times. Look presets up with ``gpu_kind(name)`` / ``model_spec(name)`` (case
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
-from rollplan.models.errors import UnknownNameError
+from rollplan.models.errors import UnknownNameError, UserInputError
 
 GB = 1e9
 GiB = 1 << 30
@@ -158,3 +159,21 @@ def model_spec(name: str | ModelSpec) -> ModelSpec:
         return MODEL_PRESETS[key]
     except KeyError:
         raise UnknownNameError("model", name, list(MODEL_PRESETS)) from None
+
+
+def check_tp(model: ModelSpec, tp: object, *, option: str = "tp") -> int:
+    """``tp`` as an int if it is a tensor-parallel degree ``model`` can run at, else ``UserInputError`` naming
+    ``option``. vLLM's rule: a positive integer that divides the attention heads, and either divides the KV
+    heads or is a multiple of them (KV heads are then replicated)."""
+    if not isinstance(tp, numbers.Integral) or isinstance(tp, bool) or int(tp) < 1:
+        raise UserInputError(f"{option}={tp!r} is not a positive integer", fix=f"pass {option} as 1, 2, 4 or 8 (GPUs per engine)")
+    tp = int(tp)
+    divisors = ", ".join(str(d) for d in range(1, model.heads + 1) if model.heads % d == 0
+                         and (model.kv_heads % d == 0 or d % model.kv_heads == 0))
+    if model.heads % tp:
+        raise UserInputError(f"{option}={tp} does not divide {model.name}'s {model.heads} attention heads",
+                             fix=f"use a TP degree {model.name} can be split over: {divisors}")
+    if model.kv_heads % tp and tp % model.kv_heads:
+        raise UserInputError(f"{option}={tp} neither divides nor is a multiple of {model.name}'s {model.kv_heads} KV heads",
+                             fix=f"use a TP degree {model.name} can be split over: {divisors}")
+    return tp

@@ -26,7 +26,7 @@ from rich.table import Table
 from rollplan.models.errors import SchemaError, TraceError, UnknownNameError, UserInputError
 from rollplan.models.perf import PerfModel, load_calibration, perf_model, save_calibration
 from rollplan.models.perf.calibrated import Calibration
-from rollplan.models.specs import gpu_kind, model_spec
+from rollplan.models.specs import check_tp, gpu_kind, model_spec
 
 _OPTION = {  # query field -> CLI option, for error messages
     "gpu": "--gpu",
@@ -64,7 +64,7 @@ def _validation_problem(err: ValidationError) -> tuple[str, str]:
 def _check_query(q: PerfQuery, where: str, field_name: Callable[[str], str]) -> None:
     """Semantic checks beyond types: known names, and which token counts make sense together."""
     gpu_kind(q.gpu)
-    model_spec(q.model)
+    check_tp(model_spec(q.model), q.tp, option=field_name("tp"))
     if q.prompt_tokens is None and q.context is None:
         raise SchemaError(where, f"give {field_name('prompt_tokens')} (prefill) or {field_name('context')} (decode)",
                           fix=f"e.g. {field_name('prompt_tokens')} 512, or {field_name('batch')} 32 {field_name('context')} 2048")
@@ -151,6 +151,10 @@ def _read_queries(path: Path, defaults: dict[str, Any]) -> list[tuple[int, PerfQ
         except UnknownNameError as err:
             field = "gpu" if err.values["what"] == "GPU kind" else "model"
             raise TraceError(str(path), i, f"field {field!r}: {err.message}", fix=err.fix) from None
+        except SchemaError:
+            raise
+        except UserInputError as err:  # e.g. a TP degree the model cannot be split over
+            raise TraceError(str(path), i, err.message, fix=err.fix) from None
         queries.append((i, q))
     if not queries:
         raise TraceError(str(path), None, "no queries in the file", fix=f"write one JSON object per line, e.g. {example}")
@@ -240,6 +244,7 @@ def fit(
         if model is None:
             raise UserInputError("--profile needs --model", fix="pass the model the profile was measured on, e.g. --model tiny")
         spec = model_spec(model)
+        check_tp(spec, tp, option="--tp")
         records = fitting.read_profile(profile)
         src = f"rollplan perf fit --profile {profile.name} --gpu {gpu_name} --model {spec.name} --tp {tp}"
         cal = fitting.fit_profile(records, gpu_name, spec.name, tp, source=src, base=cal)
@@ -266,16 +271,22 @@ def _print_fit(report: dict[str, Any], out: Path | None) -> None:
         t.add_column("error", justify="right")
         t.add_column("detail", justify="right")
         t.add_column("target", justify="right")
-        for phase in ("decode_step", "prefill"):
-            m = tables["mape"][phase]
+        for phase in ("decode_step", "prefill", "mixed_step"):
+            m = tables["mape"].get(phase)
+            if m is None:
+                continue
             by = " ".join(f"tp{k} {v:.1%}" for k, v in m["by_tp"].items())
-            t.add_row(f"{phase} MAPE", f"{m['mape']:.1%}", f"{by}; roofline {m['roofline_mape']:.1%}",
-                      f"<= {tables['targets']['step_mape_max']:.0%}")
+            roof = f"; roofline {m['roofline_mape']:.1%}" if "roofline_mape" in m else ""
+            t.add_row(f"{phase} MAPE", f"{m['mape']:.1%}", f"{by}{roof}", f"<= {tables['targets']['step_mape_max']:.0%}")
         for r in tables.get("tpot", {}).get("rows", []):
             t.add_row(f"median TPOT, {r['num_prompts']} prompts", f"{r['error']:+.1%}",
                       f"{r['predicted_median_tpot_ms']:.2f} vs {r['measured_median_tpot_ms']:.2f} ms",
                       f"<= {tables['targets']['tpot_error_max']:.0%}" if r["num_prompts"] >= 20 else "")
         console.print(t)
+        if tables.get("per_tp"):
+            console.print(_per_tp_table(tables))
+        if tables.get("vidur_linear_by_tp"):
+            console.print(_vidur_table(tables["vidur_linear_by_tp"]))
         kernels = ", ".join(
             f"{name} {v:.1%}" if not isinstance(v, dict) else f"{name} " + "/".join(f"{x:.1%}" for x in v.values())
             for name, v in tables["mape"]["kernels"].items()
@@ -295,6 +306,43 @@ def _print_fit(report: dict[str, Any], out: Path | None) -> None:
         console.print(t)
     if out is not None:
         console.print(f"wrote {out}")
+
+
+def _point(phase: str, p: dict[str, int]) -> str:
+    if phase == "decode":
+        return f"{p['batch']} seqs x {p['kv_tokens']} KV"
+    if phase == "prefill":
+        return f"{p['batch']} x {p['prompt_tokens']} tokens"
+    return f"{p['chunk']}-token chunk + {p['batch']} seqs x {p['kv_tokens']} KV"
+
+
+def _per_tp_table(tables: dict[str, Any]) -> Table:
+    """Predicted vs measured step per TP degree (``report["per_tp"]``, see ``fit.per_tp_report``)."""
+    t = Table(title=f"TP predicted vs measured: {tables['gpu']}, {tables['per_tp']['model_shapes']} shapes, kernels "
+                    "only (calibrated composition vs the same composition of the measured tables)")
+    for col in ("TP", "step", "MAPE", "max", "roofline", "example", "predicted", "measured", "of it all-reduce"):
+        t.add_column(col, justify="left" if col in ("step", "example") else "right")
+    for row in tables["per_tp"]["rows"]:
+        for phase in ("decode", "prefill", "mixed"):
+            m = row.get(phase)
+            if m is None:
+                continue
+            ex = m["example"]
+            t.add_row(str(row["tp"]), phase, f"{m['mape']:.1%}", f"{m['max_ape']:.1%}", f"{m['roofline_mape']:.1%}",
+                      _point(phase, ex["point"]), f"{ex['predicted_ms']:.2f} ms", f"{ex['measured_ms']:.2f} ms",
+                      f"{ex['measured_allreduce_ms']:.2f} ms")
+    return t
+
+
+def _vidur_table(v: dict[str, Any]) -> Table:
+    t = Table(title=f"cross-check, not fitted: GEMMs vs Vidur's H100 linear ops ({v['model_shapes']}), by TP")
+    for col in ("TP", "MAPE", "mean error", "512 tokens: predicted", "measured", "4096 tokens: predicted", "measured"):
+        t.add_column(col, justify="right")
+    for r in v["rows"]:
+        at = r["at_tokens"]
+        cells = [f"{at[k][q]:.3f} ms" if k in at else "" for k in ("512", "4096") for q in ("predicted_ms", "measured_ms")]
+        t.add_row(str(r["tp"]), f"{r['mape']:.1%}", f"{r['mean_error']:+.1%}", *cells)
+    return t
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

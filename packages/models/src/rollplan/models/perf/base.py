@@ -6,6 +6,8 @@ All methods are pure and fast (no I/O); times are seconds, sizes bytes or tokens
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -84,11 +86,18 @@ PerfProvider = Callable[[str, int], PerfModel]
 
 
 def check_step_args(prefill_tokens: object, prefill_context: object, decode_seqs: object, decode_kv_tokens: object) -> None:
-    """Raise ``UserInputError`` naming the first argument of ``step_time`` that is not a valid count."""
+    """Raise ``UserInputError`` naming the first argument of ``step_time`` that is not a valid count.
+
+    Counts (``prefill_tokens``, ``prefill_context``, ``decode_seqs``) must be finite, non-negative and
+    integral (``3`` and ``3.0`` pass, ``2.5`` does not); ``decode_kv_tokens`` finite and non-negative. Any
+    real number type passes (numpy scalars included); bools, strings, NaN and infinities do not."""
     for name, value, integral in (("prefill_tokens", prefill_tokens, True), ("prefill_context", prefill_context, True),
                                   ("decode_seqs", decode_seqs, True), ("decode_kv_tokens", decode_kv_tokens, False)):
-        ok_type = isinstance(value, int | float) and not isinstance(value, bool)
-        if not ok_type or value != value or value < 0 or (integral and value != int(value)):  # type: ignore[operator]
-            kind = "a non-negative integer" if integral else "a non-negative number"
+        ok = False
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            x = float(value)
+            ok = math.isfinite(x) and x >= 0 and (not integral or x.is_integer())
+        if not ok:
+            kind = "a non-negative integer" if integral else "a finite non-negative number"
             raise UserInputError(f"step_time: {name}={value!r} is not {kind}",
                                  fix=f"pass {name} as {kind} (token or sequence counts)")

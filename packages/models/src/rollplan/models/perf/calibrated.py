@@ -19,8 +19,9 @@ Any term a calibration does not have falls back to the roofline model. Load with
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -39,7 +40,7 @@ from rollplan.models.perf.kernels import (
     PrefillAttnFit,
 )
 from rollplan.models.perf.roofline import RooflinePerfModel, kv_bytes_per_token_per_gpu
-from rollplan.models.specs import GpuKind, ModelSpec, gpu_kind, model_spec
+from rollplan.models.specs import GpuKind, ModelSpec, check_tp, gpu_kind, model_spec
 
 SCHEMA = "rollplan.perf.calibration/1"
 SHIPPED_GPUS = ("h100", "h200")
@@ -170,6 +171,7 @@ class CalibratedPerfModel:
     _step: StepFit | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "tp", check_tp(self.model, self.tp))
         roofline = RooflinePerfModel(self.gpu, self.model, self.tp)
         object.__setattr__(self, "roofline", roofline)
         object.__setattr__(self, "_kernels", self.calibration.kernels(roofline))
@@ -200,9 +202,10 @@ class CalibratedPerfModel:
         return self.prefill_breakdown(prompt_tokens, cached_tokens).total
 
     def step_time(self, prefill_tokens: int, prefill_context: int, decode_seqs: int, decode_kv_tokens: float) -> float:
-        """See ``PerfModel.step_time``. With a whole-step profile fit for this model and TP, its ``mixed`` form
-        if it has one, else the profile's decode step plus its prefill chunk less one per-step intercept (the
-        step's fixed host work is paid once); otherwise the kernel composition (``mixed_step``)."""
+        """See ``PerfModel.step_time``. With a whole-step profile fit for this model and TP: the decode step
+        plus the prefill chunk (each from the profile where it measured that phase, else from the kernels) less
+        the smaller of their fixed per-step parts (the step's fixed host work is paid once; equals
+        ``StepFit.mixed_time`` when both phases were profiled); otherwise the kernel composition (``mixed_step``)."""
         check_step_args(prefill_tokens, prefill_context, decode_seqs, decode_kv_tokens)
         if prefill_tokens <= 0 and decode_seqs <= 0:
             return 0.0
@@ -211,8 +214,15 @@ class CalibratedPerfModel:
         if decode_seqs <= 0:
             return self.prefill_time([int(prefill_tokens)], [int(prefill_context)])
         step = self._step
-        if step is not None and step.decode is not None and step.prefill is not None:
-            return step.mixed_time(int(prefill_tokens), int(prefill_context), int(decode_seqs), float(decode_kv_tokens))
+        if step is not None and (step.decode is not None or step.prefill is not None):
+            # Each part from where its single-phase time comes from (profile fit, else kernels), the fixed
+            # per-step work paid once: the smaller fixed part is dropped, which keeps max(parts) <= step <= sum.
+            dec = self.decode_step_time(int(decode_seqs), decode_kv_tokens / decode_seqs)
+            pre = self.prefill_time([int(prefill_tokens)], [int(prefill_context)])
+            fixed = self._kernels.step_overhead(0)
+            fixed_dec = step.decode[0] if step.decode is not None else fixed
+            fixed_pre = step.prefill[0] if step.prefill is not None else fixed
+            return dec + pre - min(fixed_dec, fixed_pre)
         kv = decode_kv_tokens / decode_seqs
         return mixed_step(self._kernels, self._shapes, [int(prefill_tokens)], [int(prefill_context)], int(decode_seqs), kv).total
 
@@ -277,6 +287,32 @@ class CalibratedPerfModel:
 # --- load / save ------------------------------------------------------------------------------------------------
 
 
+def _check_values(obj: Any, where: str, source: str) -> None:
+    """Every number of a parsed calibration is finite and >= 0; rates (``*_per_s``) are > 0, smooth-max
+    exponents ``p`` >= 1 and tiles >= 1 (so every fitted time is positive, finite and monotone). Raises
+    ``SchemaError`` naming the field (``source: gemm.flops_per_s``)."""
+    fix = "regenerate it with `rollplan perf fit` (format: docs/perf.md)"
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return
+    if isinstance(obj, int | float):
+        name = where.rsplit(".", 1)[-1]
+        floor, strict = (1.0, False) if name in ("p", "tile") else (0.0, name.endswith("_per_s"))
+        if not math.isfinite(obj) or obj < floor or (strict and obj <= 0):
+            want = "> 0" if strict else f">= {floor:g}"
+            raise SchemaError(f"{source}: {where}", f"must be a finite number {want}, got {obj!r}", fix=fix)
+        return
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            _check_values(v, f"{where}.{k}" if where else str(k), source)
+    elif isinstance(obj, tuple | list):
+        for i, v in enumerate(obj):
+            _check_values(v, f"{where}.{i}", source)
+    elif hasattr(obj, "__dataclass_fields__"):
+        for f in fields(obj):
+            if f.name != "report":  # the fit's error report is informational (signed errors are fine)
+                _check_values(getattr(obj, f.name), f"{where}.{f.name}" if where else f.name, source)
+
+
 def calibration_from_dict(data: Mapping[str, Any], *, source: str = "<calibration>") -> Calibration:
     """Validate a parsed calibration document. Raises ``SchemaError`` naming the field."""
     if not isinstance(data, Mapping):
@@ -286,10 +322,16 @@ def calibration_from_dict(data: Mapping[str, Any], *, source: str = "<calibratio
         raise SchemaError(f"{source}: schema", f"unsupported calibration schema {schema!r} (expected {SCHEMA!r})",
                           fix="regenerate it with `rollplan perf fit`")
     try:
-        return from_jsonable(Calibration, dict(data), source=source)
+        cal = from_jsonable(Calibration, dict(data), source=source)
     except SchemaError as err:
         raise SchemaError(err.values["where"], err.values["problem"],
                           fix="regenerate it with `rollplan perf fit` (format: docs/perf.md)") from None
+    _check_values(cal, "", source)
+    for tp in cal.allreduce:
+        if tp < 2:
+            raise SchemaError(f"{source}: allreduce.{tp}", "all-reduce curves are keyed by a TP degree >= 2",
+                              fix="regenerate it with `rollplan perf fit` (format: docs/perf.md)")
+    return cal
 
 
 def calibration_to_dict(cal: Calibration) -> dict[str, Any]:
@@ -346,6 +388,12 @@ def calibrated_perf_model(
         cal = calibration
     else:
         cal = load_calibration(calibration)
+    if gpu_kind(cal.gpu).name != g.name:
+        # Kernel rates, overheads and link curves are per GPU kind: another kind's fits would price it silently wrong.
+        where = f"{calibration}: " if isinstance(calibration, str | Path) else ""
+        raise UserInputError(f"{where}calibration field 'gpu' is {cal.gpu!r}: it was fitted for another GPU kind than {g.name!r}",
+                             fix=f"ask for GPU kind {cal.gpu!r} (CLI: --gpu {cal.gpu}), or fit one for {g.name} "
+                                 f"(`rollplan perf fit --gpu {g.name} ...`)")
     return CalibratedPerfModel(g, model_spec(model), tp, cal)
 
 

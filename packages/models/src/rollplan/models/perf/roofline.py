@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from rollplan.models.perf.base import check_step_args
 from rollplan.models.perf.compose import LayerShapes, StepBreakdown, decode_step, mixed_step, prefill_step
 from rollplan.models.perf.kernels import RooflineKernels
-from rollplan.models.specs import GpuKind, ModelSpec
+from rollplan.models.specs import GpuKind, ModelSpec, check_tp
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +70,7 @@ class RooflinePerfModel:
     _shapes: LayerShapes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "tp", check_tp(self.model, self.tp))
         object.__setattr__(self, "_kernels", RooflineKernels(self.gpu, mfu=self.mfu, mbu=self.mbu, overhead_s=self.step_overhead))
         object.__setattr__(self, "_shapes", LayerShapes.of(self.model, self.tp))
 
