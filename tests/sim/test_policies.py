@@ -1,4 +1,5 @@
-"""Policies on small scenarios: what each one may use, notice and deadline handling, rollplan's planner use."""
+"""Policies on small scenarios: what each one may use, notice and deadline handling, rollplan's planner use,
+elastic-plus (rollplan's predictor and longest-first dispatch, every GPU, no planner)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from rollplan.sim.policies import (
     CRITICAL_SHARE,
     KV_HEADROOM,
     POLICY_NAMES,
+    ElasticPlus,
     RollplanPolicy,
     make_policy,
     parse_pd,
@@ -123,6 +125,7 @@ def test_formula_pd_splits_and_static_disagg_ratio() -> None:
 
 def test_names_and_parsing() -> None:
     assert parse_policies("all") == POLICY_NAMES
+    assert "elastic-plus" in POLICY_NAMES and isinstance(make_policy("elastic-plus"), ElasticPlus)
     assert parse_policies("rollplan, formula-pd,rollplan") == ("rollplan", "formula-pd")
     with pytest.raises(UnknownNameError):
         parse_policies("rollplan,magic")
@@ -203,7 +206,7 @@ def test_rollplan_headroom_guards_critical_slots_only() -> None:
     # and both regimes are exercised (not vacuous): critical slots are guarded, bulk slots packed past
     # KV_HEADROOM.
     src = BatchSource.dataset(builtin_bases(7, prompts=24), groups=12, samples=8, seed=7, max_context=40960)
-    sc = Scenario("headroom", src, dedicated=3, max_batches=2, warmup_batches=2, sim=SimConfig(mem_util=0.5),
+    sc = Scenario("headroom", src, dedicated=4, max_batches=2, warmup_batches=2, sim=SimConfig(mem_util=0.5),
                   replan_interval_s=60.0, seed=7)
     pol = _AuditedRollplan()
     run = run_policy(sc, pol)
@@ -229,3 +232,67 @@ def test_rollplan_headroom_never_holds_back_what_an_empty_gpu_takes() -> None:
     assert run.summary["trajectories_completed"] == 24
     assert all(room >= h_eff - 1e-9 for room, _h, h_eff in pol.audit)
     assert any(h_eff < h for _room, h, h_eff in pol.audit)
+
+
+class _AuditedElasticPlus(ElasticPlus):
+    """elastic-plus, recording for every dispatch the chosen trajectory's dispatch key (its pessimistic remaining
+    critical path, from the predictor), the largest key of every pending trajectory then, and whether it is the
+    FCFS head; and after every invocation whether each present GPU not being returned serves MIXED."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dispatches: list[tuple[float, float, bool]] = []
+        self.all_mixed: list[bool] = []
+
+    def choose_slot(self, sim, j):
+        pending = list(sim.iter_pending())
+        self.dispatches.append((self._cp[j], max(self._cp[k] for k in pending), pending[0] == j))
+        return super().choose_slot(sim, j)
+
+    def decide(self, sim, reason):
+        super().decide(sim, reason)
+        self.all_mixed.append(all(s.role is Role.MIXED for s in sim.slots if s.present and s.return_by is None))
+
+
+def test_elastic_plus_longest_first_every_gpu_no_planner() -> None:
+    # Dedicated, lent and spot GPUs; a job 2 steps in (the predictor's history has seen them). Invariants:
+    # every dispatch takes the pending trajectory with the largest predicted key (longest-first, not FCFS:
+    # some dispatch skips the FCFS head, and the keys differ); every usable GPU serves MIXED; the planner is
+    # never built or called; the predictor's cross-batch history is used.
+    src = BatchSource.dataset(builtin_bases(7, prompts=24), groups=12, samples=8, seed=7, max_context=40960)
+    arrive = AvailabilityEvent(30.0, EventKind.ARRIVE, slots=(_spot(0),))
+    sc = Scenario("plus", src, dedicated=2, trace=_trace([arrive], 36000), max_batches=2, warmup_batches=2,
+                  lending=LendingConfig(gpus=1, train_step_s=30.0), sim=SimConfig(mem_util=0.5),
+                  replan_interval_s=60.0, seed=7)
+    pol = _AuditedElasticPlus()
+    s = run_policy(sc, pol).summary
+    assert s["batches_completed"] == 2 and s["trajectories_completed"] == 2 * 96
+    assert pol.dispatches and all(key >= top - 1e-9 for key, top, _head in pol.dispatches)
+    assert not all(head for _k, _t, head in pol.dispatches)
+    assert len({key for key, _t, _h in pol.dispatches}) > 10
+    assert pol.all_mixed and all(pol.all_mixed)
+    assert s["gpu_seconds"]["mixed"] > 3 * s["batches"][0]["rollout_s"]  # dedicated x2 + the lent and spot GPUs
+    assert pol.planner is None and s["replans"]["gap"]["n"] == 0 and not s["replans"]["status"]
+    assert pol.predictor.total(next(iter(pol.predictor._history)), "unseen-group")[2] == "history"
+
+
+def test_policies_all_on_the_cli_and_best_other_include_elastic_plus(tmp_path, capsys) -> None:
+    import json
+
+    from rollplan.sim.bench_replay import trace_row
+    from rollplan.sim.replay import run_replay
+    from rollplan.solver.cli import main
+
+    assert main(["replay", "--availability", "none", "--workload", "builtin", "--batches", "1", "--groups", "3",
+                 "--samples", "2", "--dedicated", "2", "--lent", "0", "--policies", "all", "--out", str(tmp_path),
+                 "--json"]) == 0
+    assert list(json.loads(capsys.readouterr().out)["policies"]) == list(POLICY_NAMES)
+    # The bench's best other policy is the fastest of every policy but rollplan, elastic-plus among them.
+    src = BatchSource.dataset(builtin_bases(1, prompts=8), groups=4, samples=4, seed=1, max_context=40960)
+    sc = Scenario("best", src, dedicated=2, max_batches=1, warmup_batches=1, replan_interval_s=60.0, seed=1)
+    res = run_replay(sc, [make_policy(n) for n in ("elastic-colocated", "elastic-plus", "rollplan")])
+    row = trace_row("best", res)
+    tps = row["tokens_per_s"]
+    best = max(("elastic-colocated", "elastic-plus"), key=lambda k: tps[k])
+    assert row["best_other"] == {"policy": best, "tokens_per_s": tps[best]}
+    assert row["rollplan_vs_best_other"] == round(tps["rollplan"] / tps[best], 4)

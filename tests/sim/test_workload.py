@@ -4,6 +4,9 @@ Invariants checked with hypothesis (any trajectory, any limit >= 2):
 - ``truncate_to_context`` output fits: its final context <= the limit; it keeps >= 1 turn;
 - it is a prefix: every kept turn but the last equals the original (turn 0's prefill may be cut);
 - a trajectory that already fits is returned unchanged.
+Dispersion and first epoch (``with_dispersion``, ``FirstEpochSource``): dispersion 0 gives identical samples of
+a prompt, a larger dispersion a larger measured within-group spread, the default is today's variation; a
+first-epoch source's prompts (history keys) are disjoint from the warm-up history and between batches.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from typer.testing import CliRunner
 from rollplan.models.errors import TraceError, UserInputError
 from rollplan.sim.cli_workload import register_workload
 from rollplan.sim.workload import (
+    DEFAULT_DISPERSION,
     GroupVariation,
     TrajectorySpec,
     Turn,
     Workload,
     azure_workload,
+    load_history,
     load_workload,
     parse_workload,
     save_workload,
@@ -34,6 +39,8 @@ from rollplan.sim.workload import (
     synthetic_workload,
     truncate_to_context,
     vary,
+    with_dispersion,
+    workload_meta,
     workload_to_jsonl,
 )
 
@@ -345,3 +352,113 @@ def test_real_azure(shared_data: Path) -> None:
     w = azure_workload(shared_data / "azure_llm_inference_2023_code.csv", groups=8, samples=4, seed=0)
     assert len(w) == 32 and w == azure_workload(shared_data / "azure_llm_inference_2023_code.csv",
                                                 groups=8, samples=4, seed=0)
+
+
+# --- dispersion and first epoch --------------------------------------------------------------------------------
+
+
+def _within_cv(groups: list[list[float]]) -> float:
+    return statistics.fmean(statistics.pstdev(g) / statistics.fmean(g) for g in groups)
+
+
+def test_dispersion_zero_identical_larger_spreads_more_default_unchanged() -> None:
+    from rollplan.sim.replay import BatchSource, builtin_bases
+
+    assert with_dispersion(None) == with_dispersion(DEFAULT_DISPERSION) == GroupVariation()
+    assert synthetic_workload(4, 4, 1) == synthetic_workload(4, 4, 1, variation=with_dispersion(0.15))
+    zero = synthetic_workload(4, 4, 1, variation=with_dispersion(0.0))
+    for ts in zero.groups().values():
+        assert len({t.turns for t in ts}) == 1  # every sample of a prompt: the same turns
+    cvs = [cv_within_and_across(synthetic_workload(12, 8, 1, variation=with_dispersion(x)))[0] for x in (0.15, 0.6)]
+    assert 0 < cvs[0] < cvs[1]
+    # The replay's batches (numpy draw, bench_replay.workload_options): the same rules.
+    from rollplan.sim.bench_replay import workload_options
+
+    src = BatchSource.dataset(builtin_bases(0, prompts=8), groups=8, samples=6, seed=0)
+    spread = []
+    for x in (0.0, 0.15, 0.6):
+        specs, _ = workload_options(src, dispersion=x).batch(1)
+        by_group: dict[str, list] = {}
+        for sp in specs:
+            by_group.setdefault(sp.group, []).append(sp)
+        if x == 0:
+            assert all(len({(t.prefill, t.decode, t.tool) for t in g}) == 1 for g in by_group.values())
+        spread.append(_within_cv([[float(sum(t.decode)) for t in g] for g in by_group.values()]))
+    assert spread[0] == 0 < spread[1] < spread[2]
+    assert workload_options(src, dispersion=0.15).batch(2) == src.batch(2)  # the default is today's draw
+
+
+def test_first_epoch_prompts_are_disjoint_from_the_history() -> None:
+    from rollplan.sim.bench_replay import FirstEpochSource, workload_options
+    from rollplan.sim.replay import BatchSource, Scenario, builtin_bases
+
+    src = BatchSource.dataset(builtin_bases(0, prompts=8), groups=4, samples=2, seed=0)
+    first = workload_options(src, first_epoch=True)
+    assert isinstance(first, FirstEpochSource)
+    plain_hist = {k for _t, k in Scenario("p", src, max_batches=3, warmup_batches=3).history()}
+    hist = {k for _t, k in Scenario("f", first, max_batches=3, warmup_batches=3).history()}
+    assert plain_hist & set(src.batch(3)[1])  # without it, the window's prompts were seen in the warm-up
+    seen = set(hist)
+    for k in range(3, 6):
+        specs, keys = first.batch(k)
+        assert specs == src.batch(k)[0]  # same trajectories, only the prompts' history keys differ
+        assert not set(keys) & seen  # never seen: neither in the warm-up nor in an earlier batch
+        seen |= set(keys)
+
+
+def _main_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the rollplan CLI (as tests/sim/test_report_cli.py does): exit 2 and one ``error: ... To fix:`` line."""
+    from rollplan.solver.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and "To fix:" in err, err
+    return err
+
+
+def test_cli_dispersion_first_epoch_and_bad_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rollplan.solver.cli import main
+
+    out = tmp_path / "w.jsonl"
+    argv = ["workload", "build", "--from", "synthetic", "--groups", "3", "--samples", "4", "--out", str(out)]
+    assert main([*argv, "--dispersion", "0", "--first-epoch"]) == 0
+    w = load_workload(out)
+    assert all(len({t.turns for t in ts}) == 1 for ts in w.groups().values())
+    assert w.meta["first_epoch"] is True and workload_meta(out)["first_epoch"] is True
+    assert w.meta["variation"]["sample_sigma"] == 0.0
+    for bad in ("-0.1", "nan", "inf"):
+        assert "bad dispersion" in _main_one_line([*argv, "--dispersion", bad], capsys)
+    small = ["--availability", "none", "--workload", "builtin", "--batches", "1", "--groups", "2", "--samples", "2",
+             "--dedicated", "1", "--out", str(tmp_path / "o")]
+    assert "bad dispersion" in _main_one_line(["replay", *small, "--dispersion", "-1"], capsys)
+    assert "bad dispersion" in _main_one_line(["bench", "replay", "--dispersion", "nan"], capsys)
+    assert "unknown policy 'magic'" in _main_one_line(["replay", *small, "--policies", "rollplan,magic"], capsys)
+
+
+def test_history_file_naming_unknown_prompts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rollplan.solver.cli import main
+
+    wl = tmp_path / "w.jsonl"
+    save_workload(synthetic_workload(2, 2, 0), wl)  # groups g00, g01
+    good = tmp_path / "h.jsonl"
+    save_workload(Workload((traj(tid="h0", group="g00"), traj(tid="h1", group="g01"))), good)
+    assert [t.id for t in load_history(good, {"g00", "g01"})] == ["h0", "h1"]
+    bad = tmp_path / "hbad.jsonl"
+    save_workload(Workload((traj(tid="h0", group="g00"), traj(tid="h1", group="other"))), bad)
+    with pytest.raises(TraceError, match="names prompt 'other'"):
+        load_history(bad, {"g00", "g01"})
+    argv = ["replay", "--availability", "none", "--workload", str(wl), "--batches", "1", "--dedicated", "1",
+            "--policies", "elastic-plus", "--out", str(tmp_path / "o"), "--json"]
+    assert main([*argv, "--history", str(good)]) == 0
+    err = _main_one_line([*argv, "--history", str(bad)], capsys)
+    assert f"{bad}:2: history trajectory 'h1' names prompt 'other'" in err and "1 of 2" in err
+
+
+def test_bench_scenario_takes_dispersion_and_first_epoch(shared_data: Path) -> None:
+    from rollplan.sim.bench_replay import FirstEpochSource, bench_scenario
+
+    sc = bench_scenario(shared_data, "parcae-hh", bases=(), dispersion=0.6, first_epoch=True)
+    assert isinstance(sc.batches, FirstEpochSource) and sc.batches.variation.sample_sigma == 0.6
+    plain = bench_scenario(shared_data, "parcae-hh", bases=())
+    assert type(plain.batches).__name__ == "BatchSource" and plain.batches.variation == GroupVariation()

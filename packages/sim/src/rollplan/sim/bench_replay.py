@@ -3,18 +3,20 @@
 Scenario (the README quotes it): 16 dedicated H800s; 8 training GPUs lent between training steps (sync RL,
 120 s steps); preemptible H800s from the trace, the trace's nodes mapped onto at most 16 GPUs (one GPU per
 node, 30 s preemption notice); Qwen3-8B; batches of 128 prompts x 16 samples drawn from the SWE-bench agent
-traces (``../shared/data``), each prompt's samples varied around one recorded run, prompts recurring across
-epochs; re-plans on every availability change and every 300 s. Each trace is replayed to its end with all
-five policies (same trace, workload, performance model and seed), as a window of a longer job: the window
-starts at RL step 4, and rollplan's history prior has seen steps 1-3 (``WARMUP_BATCHES``). ``mode="async"``
+traces (``../shared/data``), each prompt's samples varied around one recorded run (``--dispersion``: how much),
+prompts recurring across epochs (``--first-epoch``: never seen before, ``FirstEpochSource``); re-plans on every
+availability change and every 300 s. Each trace is replayed to its end with all six policies (same trace,
+workload, performance model and seed), as a window of a longer job: the window starts at RL step 4, and the
+history prior of rollplan and elastic-plus has seen steps 1-3 (``WARMUP_BATCHES``). ``mode="async"``
 (``--mode async``) runs the same scenario one-step off-policy, PEARL's setting.
 
 Per trace it reports the throughput ratios rollplan / elastic-colocated, rollplan / formula-pd,
-rollplan / static-colocated and every policy's last-10% share, on the batches all five completed (the
-target's comparison: ``metrics.common_tail_shares``) and on each policy's own batches; and, on those common
+rollplan / static-colocated, the best other policy (``best_other``: the highest tokens/s of the policies other
+than rollplan, elastic-plus included) and rollplan / it, and every policy's last-10% share, on the batches all
+six completed (the target's comparison: ``metrics.common_tail_shares``) and on each policy's own batches; and, on those common
 batches, each policy's summed rollout time over a lower bound no policy can beat (``batch_floors``: the
 longest trajectory decoding at batch 1 plus its tool waits), which shows how much any policy could still gain; and for the 11-hour Bamboo p3 trace the wall
-time of the whole five-policy replay and simulator events per second. ``--per-batch`` adds, per batch, its
+time of the whole six-policy replay and simulator events per second. ``--per-batch`` adds, per batch, its
 floor and every policy's rollout seconds and last-10% share (``per_batch_rows``).
 """
 
@@ -24,6 +26,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,7 @@ from rollplan.sim.replay import (
     swebench_bases,
 )
 from rollplan.sim.traces import load_trace
+from rollplan.sim.workload import DEFAULT_DISPERSION
 
 BENCH_TRACES: tuple[tuple[str, str, str | None], ...] = (
     ("bamboo-p3", "bamboo_aws_p3_trace.csv", None),
@@ -56,15 +60,51 @@ GROUPS, SAMPLES = 128, 16
 REPLAN_INTERVAL_S = 300.0
 WARMUP_BATCHES = 3
 """Each trace is a window of a longer RL job: the replay starts at step W+1 and history-keeping policies
-(rollplan's predictor) have seen steps 1..W (the baselines keep no history, so this changes nothing for them)."""
+(the predictor of rollplan and elastic-plus) have seen steps 1..W (the other baselines keep no history, so this
+changes nothing for them)."""
 TARGETS = {"vs_elastic": 1.2, "vs_formula_pd": 1.1}
-LONGEST_FIRST = ("rollplan", "formula-pd", "elastic-colocated", "static-colocated", "static-disagg")
+LONGEST_FIRST = ("rollplan", "elastic-plus", "formula-pd", "elastic-colocated", "static-colocated", "static-disagg")
 """Policies by their replay time on the bench (``timing.per_policy_cpu_s``): the order they go to workers."""
+
+
+@dataclass(frozen=True)
+class FirstEpochSource(BatchSource):
+    """A ``BatchSource`` whose prompts are never seen before (``--first-epoch``): batch k's history keys are
+    its prompts' keys tagged with k, so no batch's prompt is in any length history (the warm-up steps' or an
+    earlier batch's). Same trajectories as the plain source. Why keys and not a draw of unseen prompts: see
+    the module docstring of ``rollplan.sim.workload``."""
+
+    def batch(self, k: int) -> tuple[tuple[SimTraj, ...], tuple[str, ...]]:
+        specs, keys = super().batch(k)
+        return specs, tuple(f"{key}@batch{k}" for key in keys)
+
+
+def workload_options(src: BatchSource, *, dispersion: float | None = None, first_epoch: bool = False) -> BatchSource:
+    """``src`` with the workload options of ``rollplan replay`` / ``bench replay``: ``dispersion`` (the
+    within-group sigma, ``rollplan.sim.workload.with_dispersion``; None: unchanged) applies to every varied
+    sample (a workload file's batches from 1 on; batch 0 is the file as written); ``first_epoch``: a
+    ``FirstEpochSource``. Raises ``UserInputError`` for a bad dispersion."""
+    from rollplan.sim.workload import with_dispersion
+
+    if dispersion is None and not first_epoch:
+        return src
+    args = {f.name: getattr(src, f.name) for f in fields(src) if f.name != "_cache"}
+    if dispersion is not None:
+        args["variation"] = with_dispersion(dispersion, src.variation)
+    return (FirstEpochSource if first_epoch else BatchSource)(**args)
+
+
+def prompt_keys(src: BatchSource) -> set[str]:
+    """Every history key (prompt) ``src`` may draw, as ``BatchSource.batch`` keys them: a base's group for a
+    fixed source (a workload file), its ``source`` (or id) for a dataset; what a history file may name."""
+    if src.groups <= 0:
+        return {b.group for b in src.bases}
+    return {b.source or b.id for b in src.bases}
 
 
 def default_jobs() -> int:
     """Worker processes the bench uses by default: one per CPU core this process may run on, at most one per
-    policy (the five replays of a trace are independent; the rows do not depend on it)."""
+    policy (the replays of a trace are independent; the rows do not depend on it)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -73,9 +113,11 @@ def default_jobs() -> int:
 
 
 def bench_scenario(data_dir: Path, trace_name: str, *, bases: Any = None, seed: int = 0,
-                   tool_kv: str = "evictable", share_prompt: bool = True, mode: str = "sync") -> Scenario:
+                   tool_kv: str = "evictable", share_prompt: bool = True, mode: str = "sync",
+                   dispersion: float | None = None, first_epoch: bool = False) -> Scenario:
     """The benchmark scenario on one of ``BENCH_TRACES``; ``tool_kv`` and ``share_prompt``: the ``SimConfig``
-    fields (every policy); ``mode``: ``LendMode`` (sync: the bench's; async: one-step off-policy, PEARL's)."""
+    fields (every policy); ``mode``: ``LendMode`` (sync: the bench's; async: one-step off-policy, PEARL's);
+    ``dispersion`` and ``first_epoch``: ``workload_options`` (None / False: the bench's workload)."""
     entry = next((t for t in BENCH_TRACES if t[0] == trace_name), None)
     if entry is None:
         raise UserInputError(f"unknown bench trace {trace_name!r}", fix=f"use one of {[t[0] for t in BENCH_TRACES]}")
@@ -84,7 +126,8 @@ def bench_scenario(data_dir: Path, trace_name: str, *, bases: Any = None, seed: 
     bases = bases if bases is not None else swebench_bases(data_dir)
     return Scenario(
         name=f"bench:{trace_name}",
-        batches=BatchSource.dataset(bases, groups=GROUPS, samples=SAMPLES, seed=seed, max_context=40960),
+        batches=workload_options(BatchSource.dataset(bases, groups=GROUPS, samples=SAMPLES, seed=seed, max_context=40960),
+                                 dispersion=dispersion, first_epoch=first_epoch),
         model="qwen3-8b",
         gpu="h800",
         dedicated=16,
@@ -193,6 +236,10 @@ def trace_row(name: str, result: ReplayResult, *, per_batch: bool = False) -> di
         over_floor[k] = round(sum(rollout[i] for i in floors) / floor_sum, 4) if floor_sum > 0 else None
     ceiling = throughput_ceiling(result.scenario) if math.isfinite(result.scenario.end_time) else None
     el = s.get("elastic-colocated", {}).get("throughput_tokens_per_s")
+    # The strongest policy other than rollplan on this window (elastic-plus included): the one to beat.
+    other_tps = {k: v["throughput_tokens_per_s"] for k, v in s.items()
+                 if k != "rollplan" and v.get("throughput_tokens_per_s")}
+    best = max(other_tps, key=lambda k: other_tps[k]) if other_tps else None
     rp_tail = tails.get("rollplan")
     others = [v for k, v in tails.items() if k != "rollplan" and v is not None]
     row = {
@@ -201,6 +248,8 @@ def trace_row(name: str, result: ReplayResult, *, per_batch: bool = False) -> di
         "rollplan_vs_elastic": ratio("rollplan", "elastic-colocated"),
         "rollplan_vs_formula_pd": ratio("rollplan", "formula-pd"),
         "rollplan_vs_static": ratio("rollplan", "static-colocated"),
+        "best_other": {"policy": best, "tokens_per_s": other_tps.get(best) if best else None},
+        "rollplan_vs_best_other": ratio("rollplan", best) if best else None,
         # What no policy can exceed: the ceiling's tokens/s over elastic-colocated's (None without an end).
         "rollplan_vs_elastic_ceiling": round(ceiling["tokens_per_s"] / el, 4) if ceiling and el else None,
         "throughput_ceiling": ceiling,
@@ -242,10 +291,12 @@ def run_bench(
     share_prompt: bool = True,
     mode: str = "sync",
     per_batch: bool = False,
+    dispersion: float | None = None,
+    first_epoch: bool = False,
 ) -> dict[str, Any]:
     """Run the benchmark; returns the JSON document (rows per trace + timing of the p3 replay). ``jobs``: worker
     processes per trace (``run_replay``); the rows do not depend on it, the timing does. ``per_batch``: each
-    row also carries ``per_batch_rows``."""
+    row also carries ``per_batch_rows``. ``dispersion``, ``first_epoch``: the workload (``workload_options``)."""
     d = Path(data_dir)
     missing = [f for f in SWEBENCH_FILES if not (d / f).is_file()]
     if missing:
@@ -259,7 +310,8 @@ def run_bench(
     for name in names:
         if on_trace is not None:
             on_trace(name)
-        sc = bench_scenario(d, name, bases=bases, seed=seed, tool_kv=tool_kv, share_prompt=share_prompt, mode=mode)
+        sc = bench_scenario(d, name, bases=bases, seed=seed, tool_kv=tool_kv, share_prompt=share_prompt, mode=mode,
+                            dispersion=dispersion, first_epoch=first_epoch)
         t0, c0 = time.perf_counter(), time.process_time()
         # With workers, the longest runs first (as measured on p3), so the short ones fill in at the end.
         order = list(POLICY_NAMES) if jobs == 1 else sorted(POLICY_NAMES, key=LONGEST_FIRST.index)
@@ -295,6 +347,7 @@ def run_bench(
             "train_step_s": 120.0, "notice_s": 30.0, "replan_interval_s": REPLAN_INTERVAL_S,
             "fold_tool_s": SimConfig().fold_tool_s, "tool_kv": tool_kv, "share_prompt": share_prompt, "rollplan_backend": "greedy", "rollplan_time_limit_s": 0.02,
             "warmup_batches": WARMUP_BATCHES, "seed": seed,
+            "dispersion": dispersion if dispersion is not None else DEFAULT_DISPERSION, "first_epoch": first_epoch,
         },
         "targets": TARGETS,
         "traces": rows,

@@ -22,6 +22,10 @@ ToolKvOption = Annotated[str, typer.Option(
 SharePromptOption = Annotated[bool, typer.Option(
     "--share-prompt/--no-share-prompt",
     help="Samples of a prompt on one GPU share its prompt's KV and prefill (prefix cache).")]
+DispersionOption = Annotated[float | None, typer.Option(
+    "--dispersion", help="Within-group lognormal sigma of the samples' lengths (0: identical samples; default 0.15).")]
+FirstEpochOption = Annotated[bool, typer.Option(
+    "--first-epoch", help="Prompts never seen before: no batch's prompts are in the policies' length history.")]
 
 
 def _progress_runner(scenario: Any, policies: list[Any], *, quiet: bool, jobs: int = 1) -> Any:
@@ -179,6 +183,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         out: Annotated[Path, typer.Option("--out", help="Folder for report.json and the plots.")] = Path("replay-out"),
         as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON (no plot series) on stdout.")] = False,
         seed: Annotated[int, typer.Option("--seed", help="Seed of the workload variation.")] = 0,
+        dispersion: DispersionOption = None,
+        first_epoch: FirstEpochOption = False,
+        history: Annotated[Path | None, typer.Option(
+            "--history", help="Workload JSONL of trajectories finished before the replay, each naming its prompt by "
+                              "its group: the length history rollplan and elastic-plus start from.")] = None,
     ) -> None:
         """Replay an availability trace with a workload under the policies; report and plots in --out."""
         from rollplan.models.specs import gpu_kind, model_spec
@@ -214,14 +223,29 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                      fix="give rows at two or more times (counts: two lines or more)")
         if trace is None and batches is None:
             raise UserInputError("with --availability none the replay needs --batches N", fix="pass --batches N")
+        from rollplan.sim.bench_replay import prompt_keys, workload_options
+        from rollplan.sim.workload import check_dispersion, load_history, workload_meta
+
+        if dispersion is not None:
+            check_dispersion(dispersion)
         check_out_dir(out)
+        src = batch_source(workload, model=model, groups=groups, samples=samples, seed=seed, data_dir=data)
+        first_epoch = first_epoch or (src.groups <= 0 and workload_meta(workload).get("first_epoch") is True)
+        hist = None
+        if history is not None:
+            from rollplan.sim.engine import SimTraj
+
+            hist = [(SimTraj.from_spec(t), t.group) for t in load_history(history, prompt_keys(src))]
         sc = Scenario(
             name=f"replay:{Path(availability).name if trace else 'none'}",
-            batches=batch_source(workload, model=model, groups=groups, samples=samples, seed=seed, data_dir=data),
+            batches=workload_options(src, dispersion=dispersion, first_epoch=first_epoch),
             model=model, gpu=gpu, dedicated=dedicated, trace=trace, lending=lending,
             max_batches=batches, seed=seed, sim=sim_cfg, replan_interval_s=replan_interval,
         )
         pols = [make_policy(n, pd=split, backend=backend, time_limit=time_limit) for n in names]
+        if hist:
+            for pol in pols:
+                pol.warm_start(hist)  # history-keeping policies learn from it; the others ignore it
         t0 = time.perf_counter()
         result = _progress_runner(sc, pols, quiet=as_json, jobs=jobs)
         report = build_report(result)
@@ -278,6 +302,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                           "async (one-step off-policy, as PEARL).")] = "sync",
         per_batch: Annotated[bool, typer.Option("--per-batch", help="Add each batch's floor and every policy's "
                                                 "rollout seconds and last-10% share to the JSON.")] = False,
+        dispersion: DispersionOption = None,
+        first_epoch: FirstEpochOption = False,
     ) -> None:
         """The replay benchmark on every shared trace: throughput ratios, last-10% shares, p3 replay wall time."""
         from rollplan.sim.bench_replay import BENCH_TRACES, default_jobs, run_bench
@@ -290,13 +316,17 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         if mode not in ("sync", "async"):
             raise UserInputError(f"unknown mode {mode!r}", fix="use --mode sync or --mode async")
+        if dispersion is not None:
+            from rollplan.sim.workload import check_dispersion
+
+            check_dispersion(dispersion)
         names = None if traces == "all" else tuple(t.strip() for t in traces.split(",") if t.strip())
         known = {t[0] for t in BENCH_TRACES}
         for n in names or ():
             if n not in known:
                 raise UserInputError(f"unknown bench trace {n!r}", fix=f"use 'all' or some of {sorted(known)}")
         doc = run_bench(data, traces=names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv, share_prompt=share_prompt,
-                        mode=mode, per_batch=per_batch,
+                        mode=mode, per_batch=per_batch, dispersion=dispersion, first_epoch=first_epoch,
                         on_trace=None if as_json else (lambda n: print(f"replaying {n} ...", file=sys.stderr)))
         print(json.dumps(doc, indent=1))
         if as_json:
@@ -306,14 +336,15 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         t = Table(title="bench replay: rollplan throughput ratios and last-10% shares")
         for col in ("trace", "h", "vs elastic", "ceiling vs elastic", "vs formula-pd", "vs static", "tail rollplan",
-                    "best baseline tail"):
+                    "best baseline tail", "vs best other"):
             t.add_column(col, justify="right" if col != "trace" else "left")
         for r in doc["traces"]:
             tails = r["tail_share_common"]
             base = min((v for k, v in tails.items() if k != "rollplan" and v is not None), default=math.nan)
             t.add_row(r["trace"], f"{r['duration_h']:.1f}", str(r["rollplan_vs_elastic"]),
                       str(r["rollplan_vs_elastic_ceiling"]), str(r["rollplan_vs_formula_pd"]),
-                      str(r["rollplan_vs_static"]), str(tails.get("rollplan")), f"{base:.4f}")
+                      str(r["rollplan_vs_static"]), str(tails.get("rollplan")), f"{base:.4f}",
+                      f"{r['rollplan_vs_best_other']} ({r['best_other']['policy']})")
         Console(stderr=True, width=150).print(t)
 
 

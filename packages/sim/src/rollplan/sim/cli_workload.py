@@ -15,11 +15,14 @@ import typer
 from rollplan.models.errors import UserInputError
 from rollplan.models.specs import model_spec
 from rollplan.sim.workload import (
+    DEFAULT_DISPERSION,
     Workload,
     azure_workload,
+    check_dispersion,
     load_workload,
     swebench_workload,
     synthetic_workload,
+    with_dispersion,
     workload_to_jsonl,
 )
 
@@ -55,20 +58,35 @@ def build_workload(
     max_context: int | None = None,
     agent_model: str = "all",
     min_turns: int = 1,
+    dispersion: float | None = None,
+    first_epoch: bool = False,
 ) -> Workload:
-    """The workload the ``build`` command writes (a function so tests and the simulator CLI can share it)."""
+    """The workload the ``build`` command writes (a function so tests and the simulator CLI can share it).
+
+    ``dispersion``: the within-group sigma (``rollplan.sim.workload.with_dispersion``); None: the builder's
+    default (``DEFAULT_DISPERSION`` for swebench and synthetic, 0.2 for azure's single-turn samples).
+    ``first_epoch``: the file's meta says ``"first_epoch": true``, and a replay of it keys its prompts per
+    batch, so no batch finds them in the length history (the decision and its reason: the module docstring
+    of ``rollplan.sim.workload``). The trajectories are the same as without it."""
+    if dispersion is not None:
+        check_dispersion(dispersion)  # before any file is read
     if source == "swebench":
         models = None if agent_model == "all" else [agent_model]
-        return swebench_workload(
+        w = swebench_workload(
             _need(llm_calls, "--llm-calls", source), _need(tool_calls, "--tool-calls", source),
             groups=groups, samples=samples, seed=seed, max_context=max_context, models=models, min_turns=min_turns,
+            variation=with_dispersion(dispersion),
         )
-    if source == "azure":
-        return azure_workload(_need(azure, "--azure", source), groups=groups, samples=samples, seed=seed,
-                              max_context=max_context)
-    if source == "synthetic":
-        return synthetic_workload(groups, samples, seed, max_context=max_context)
-    raise UserInputError(f"unknown workload source {source!r}", fix=f"use one of: {', '.join(SOURCES)}")
+    elif source == "azure":
+        w = azure_workload(_need(azure, "--azure", source), groups=groups, samples=samples, seed=seed,
+                           max_context=max_context, sample_sigma=0.2 if dispersion is None else dispersion)
+    elif source == "synthetic":
+        w = synthetic_workload(groups, samples, seed, max_context=max_context, variation=with_dispersion(dispersion))
+    else:
+        raise UserInputError(f"unknown workload source {source!r}", fix=f"use one of: {', '.join(SOURCES)}")
+    if first_epoch:
+        w = Workload(w.trajectories, {**w.meta, "first_epoch": True})
+    return w
 
 
 def register_workload(app: typer.Typer) -> None:
@@ -89,6 +107,12 @@ def register_workload(app: typer.Typer) -> None:
         )] = None,
         agent_model: Annotated[str, typer.Option("--agent-model", help="swebench: all | glm | haiku")] = "all",
         min_turns: Annotated[int, typer.Option("--min-turns", help="swebench: skip runs with fewer turns")] = 1,
+        dispersion: Annotated[float | None, typer.Option(
+            "--dispersion", help=f"within-group lognormal sigma of lengths (0: identical samples; default "
+                                 f"{DEFAULT_DISPERSION}, azure 0.2)")] = None,
+        first_epoch: Annotated[bool, typer.Option(
+            "--first-epoch", help="prompts never seen before: a replay of the file keys its prompts per batch, "
+                                  "so no length history applies to them")] = False,
         out: Annotated[Path | None, typer.Option("--out", help="write here instead of stdout")] = None,
         summary: Annotated[bool, typer.Option("--summary", help="also print the summary JSON to stderr")] = False,
     ) -> None:
@@ -99,6 +123,7 @@ def register_workload(app: typer.Typer) -> None:
         w = build_workload(
             source, llm_calls=llm_calls, tool_calls=tool_calls, azure=azure, groups=groups, samples=samples,
             seed=seed, max_context=_max_context(max_context), agent_model=agent_model, min_turns=min_turns,
+            dispersion=dispersion, first_epoch=first_epoch,
         )
         text = workload_to_jsonl(w)
         if out is None:

@@ -1,4 +1,4 @@
-"""The five policies compared on every replay. They all see the same simulator state and act only through
+"""The six policies compared on every replay. They all see the same simulator state and act only through
 its policy API (``set_role``, ``migrate``, ``order``/``choose_slot`` for dispatch); none sees true lengths.
 
 - ``static-colocated`` (ROLL-like fixed resources): the dedicated GPUs only, all MIXED; FCFS; least-loaded
@@ -11,6 +11,11 @@ its policy API (``set_role``, ``migrate``, ``order``/``choose_slot`` for dispatc
 - ``formula-pd`` (Dynamo-planner-like): every usable GPU, the P:D split recomputed each interval in closed
   form from the measured prefill/decode load and per-GPU capacities, switched immediately whatever it costs
   (no switching-cost awareness); FCFS; least-loaded placement on DECODE slots; recompute on preemption.
+- ``elastic-plus`` (RLBoost+/Seer-like, the strongest baseline): ``elastic-colocated`` (every GPU, always
+  MIXED, recompute on preemption) with the rollplan policy's length predictor and cross-batch history
+  (``rollplan.sim.predict``, the same warm start and updates) and its longest-predicted-first dispatch (the same
+  pessimistic key, ``DISPATCH_Z``), least-loaded placement under vLLM's default admission (the simulator's
+  watermark, no headroom); never calls the planner. See ``ElasticPlus``.
 - ``rollplan``: ``rollplan.solver.plan`` on a snapshot with predicted lengths (``rollplan.sim.predict``);
   applies roles, engine starts and migrations of the plan; longest-predicted-first dispatch following the
   plan's placement, admitting a new trajectory only where a headroom of the KV stays free beyond what the
@@ -40,7 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-POLICY_NAMES = ("static-colocated", "static-disagg", "elastic-colocated", "formula-pd", "rollplan")
+POLICY_NAMES = (
+    "static-colocated", "static-disagg", "elastic-colocated", "formula-pd", "elastic-plus", "rollplan",
+)
 
 
 class BasePolicy:
@@ -308,6 +315,19 @@ long) start late in throughput-bound batches of the bench's Bamboo p3 replay and
 _NO_SLOTS: frozenset[int] = frozenset()
 
 
+def _group_floors(live: Sequence[Any], progress: Sequence[tuple[float, int, float, int]]
+                  ) -> dict[str, tuple[float, float, float]]:
+    """Group survival (Seer-style, before any sibling finished): samples of one prompt have similar lengths, so
+    the sibling that has run longest is a floor for the group's length. Group -> (decode tokens, tool seconds,
+    turns) of its most advanced unfinished trajectory (``live`` with their ``sim.progress``)."""
+    floors: dict[str, tuple[float, float, float]] = {}
+    for t, (dec, turns, tool, _ctx) in zip(live, progress, strict=True):
+        f = floors.get(t.group)
+        if f is None or dec > f[0]:
+            floors[t.group] = (dec, tool, float(turns))
+    return floors
+
+
 class _CountingClock:
     """A deterministic clock for the planner: every read advances it by ``step`` seconds.
 
@@ -423,14 +443,7 @@ class RollplanPolicy(BasePolicy):
                               role=s.role, engine=engine, weights_version=s.weights))
         live = [t for t in sim.trajs if t.state != DONE]
         progress = [sim.progress(t) for t in live]
-        # Group survival (Seer-style, before any sibling finished): samples of one prompt have similar
-        # lengths, so the sibling that has run longest is a floor for the group's length.
-        floors: dict[str, tuple[float, float, float]] = {}
-        for t, (dec, turns, tool, _ctx) in zip(live, progress, strict=True):
-            f = floors.get(t.group)
-            if f is None or dec > f[0]:
-                floors[t.group] = (dec, tool, float(turns))
-        self._floors = floors
+        self._floors = _group_floors(live, progress)
         slot_ids = [s.id for s in sim.slots]
         trajs = []
         decoding, in_tool, pending = Phase.DECODING, Phase.IN_TOOL, Phase.PREFILL_PENDING
@@ -441,6 +454,7 @@ class RollplanPolicy(BasePolicy):
         # such point; the frozen Estimates are shared.
         memo: dict[tuple[Any, ...], tuple[float, tuple[Any, ...], tuple[Estimate, ...]]] = {}
         perf = sim.slots[0].perf
+        window = perf.max_context
         # A trajectory whose fields are all as in the previous snapshot of this batch gets the same (frozen)
         # Trajectory object back: about half of them between two re-plans (pending ones not yet started).
         prev_key, prev = getattr(self, "_snap_objs", (None, {}))
@@ -464,7 +478,9 @@ class RollplanPolicy(BasePolicy):
             phase = decoding if (st == RUN or st in IN_FLIGHT) else (in_tool if st == TOOL else pending)
             home = slot_ids[t.slot] if t.slot >= 0 and (t.kv_ok or st in IN_FLIGHT) else None
             until = t.tool_until if st == TOOL else None
-            fields = (phase, max(1, prog[3]), home, until, hit[1])
+            # An engine never holds more than the model's window (the workload is truncated to it); the fluid
+            # progress of a running segment can overshoot it by a token at a turn boundary.
+            fields = (phase, min(max(1, prog[3]), window), home, until, hit[1])
             old = prev.get(t.idx)
             if old is not None and old[0] == fields:
                 traj = old[1]
@@ -490,7 +506,8 @@ class RollplanPolicy(BasePolicy):
             self._floors = {}
             self._heap = []
             self.predictor.start_batch(sim.batch)
-            self.planner.reset()
+            if self.planner is not None:  # None: a policy that never plans (``ElasticPlus``)
+                self.planner.reset()
             perf = next((s.perf for s in sim.live), None)
             if perf is not None:
                 self._a_ref = perf.decode(8, 16384.0)
@@ -720,6 +737,71 @@ class RollplanPolicy(BasePolicy):
             self._crit = None  # the largest may have gone: recompute
 
 
+class ElasticPlus(RollplanPolicy):
+    """``elastic-colocated`` with the rollplan policy's prediction and dispatch order, and no planner
+    (RLBoost+ / Seer-like: the strongest baseline a team without a planner would run).
+
+    - Resources as ``ElasticColocated``: every present GPU not being returned is MIXED (engines started on
+      arrival); a slot under notice or reclaim takes no new work; preemption = recompute.
+    - Prediction: the same ``Predictor`` the rollplan policy uses, fed the same way (warm start from the
+      history before the window, every finished trajectory observed, group statistics per batch, group
+      survival floors from the most advanced sibling); refreshed on every policy invocation (batch start,
+      availability change, interval tick) for the pending trajectories, which is at least as often as the
+      rollplan policy refreshes its own (on its re-plans).
+    - Dispatch: longest pessimistic remaining critical path first (mean + ``DISPATCH_Z`` spreads, as
+      ``RollplanPolicy.order``), each to the least-loaded slot that admits it under vLLM's default admission
+      (``BasePolicy.choose_slot``: the simulator's ``admit_watermark``, no headroom, no plan placement).
+    - ``planner`` stays None: ``plan()`` is never called (``last_gap`` / ``last_status`` stay None).
+    """
+
+    name = "elastic-plus"
+
+    def __init__(self) -> None:
+        super().__init__(kv_headroom=0.0)  # the headrooms are never read: choose_slot is the baselines'
+
+    def attach(self, sim: Simulator) -> None:
+        BasePolicy.attach(self, sim)  # no Planner is built
+
+    def on_replan(self, sim: Simulator, reason: str) -> None:
+        self._new_batch(sim)
+        BasePolicy.on_replan(self, sim, reason)
+
+    def decide(self, sim: Simulator, reason: str) -> None:
+        for s in sim.slots:
+            if s.present and s.role is Role.OFF and s.return_by is None:
+                sim.set_role(s.idx, Role.MIXED)
+        if sim.batch_active:
+            self._refresh(sim)
+
+    def _refresh(self, sim: Simulator) -> None:
+        """Predictions of every pending trajectory from the predictor's current state and the group floors
+        (as ``RollplanPolicy.snapshot`` computes them), then the dispatch heap rebuilt on them."""
+        from rollplan.sim.engine import DONE
+
+        live = [t for t in sim.trajs if t.state != DONE]
+        progress = [sim.progress(t) for t in live]
+        self._floors = _group_floors(live, progress)
+        perf = sim.slots[0].perf
+        memo: dict[tuple[Any, ...], float] = {}
+        cp = self._cp
+        for t, prog in zip(live, progress, strict=True):
+            if not t.pseq:  # only the queue's order depends on the predictions
+                continue
+            done_turns = prog[1]
+            pf_done = perf.spec_prefill(t.spec)[2][min(done_turns, t.n - 1)] if done_turns else 0
+            point = (t.key, t.group, prog[0], done_turns, prog[2], pf_done)
+            hit = memo.get(point)
+            if hit is None:
+                self._predict(sim, t.idx, prog, pf_done)
+                memo[point] = cp[t.idx]
+            else:
+                cp[t.idx] = hit
+        self._rebuild_heap(sim)
+
+    def choose_slot(self, sim: Simulator, j: int) -> int | None:
+        return BasePolicy.choose_slot(self, sim, j)
+
+
 def parse_pd(text: str) -> tuple[int, int]:
     """"P:D" -> (P, D), both >= 1."""
     try:
@@ -733,7 +815,7 @@ def parse_pd(text: str) -> tuple[int, int]:
 
 def make_policy(name: str, **options: Any) -> BasePolicy:
     """A fresh policy object by name (options: ``pd`` for static-disagg/formula-pd; ``planner`` config,
-    ``predictor`` options for rollplan)."""
+    ``predictor`` options for rollplan; elastic-plus takes none). Raises ``UnknownNameError``."""
     if name == "static-colocated":
         return StaticColocated()
     if name == "static-disagg":
@@ -742,6 +824,8 @@ def make_policy(name: str, **options: Any) -> BasePolicy:
         return ElasticColocated()
     if name == "formula-pd":
         return FormulaPD(options.get("pd", (1, 3)))
+    if name == "elastic-plus":
+        return ElasticPlus()
     if name == "rollplan":
         return RollplanPolicy(**{k: v for k, v in options.items()
                                  if k in ("backend", "time_limit", "switch_weight", "deterministic", "kv_headroom",
@@ -771,6 +855,7 @@ __all__ = [
     "POLICY_NAMES",
     "BasePolicy",
     "ElasticColocated",
+    "ElasticPlus",
     "FormulaPD",
     "StaticColocated",
     "StaticDisagg",

@@ -10,6 +10,22 @@ run; 0 = the trajectory is done when its last decode ends). The context before t
 File format: JSONL, documented in docs/inputs.md (``load_workload`` / ``save_workload``; errors name file:line).
 Builders: ``swebench_workload`` (real coding-agent traces), ``azure_workload`` (single-turn Azure code trace),
 ``synthetic_workload`` (seeded, heavy-tailed, multi-turn). All builders are deterministic given ``seed``.
+
+Workloads that do not flatter the predictor (``rollplan workload build``, ``rollplan replay`` and ``rollplan bench
+replay`` take the same two options):
+
+- Dispersion (``--dispersion SIGMA``, ``with_dispersion``): how much the samples of one prompt differ, the
+  lognormal sigma of each sample's decode-length factor (default ``DEFAULT_DISPERSION`` = 0.15, today's), with
+  the per-turn, tool and turn-count jitters scaled alongside; 0 gives identical samples.
+- First epoch (``--first-epoch``): every batch's prompts are new to the policies. Decision: the history is
+  disabled per prompt, not avoided by the draw. A policy's cross-batch history is keyed by prompt (the batch
+  source's history key, ``rollplan.sim.replay.BatchSource``): a batch of a first-epoch replay keys its prompts
+  by (prompt, batch) (``rollplan.sim.bench_replay.FirstEpochSource``), so no batch finds a prompt in the
+  history, neither the warm-up steps' nor an earlier batch's; the group (Seer) update and the global prior (the
+  mean over every finished trajectory) still apply, as they do for a job in its first epoch. Drawing unseen
+  prompts instead cannot work on the shared data: the bench's 3 warm-up batches draw 384 prompts from 166
+  recorded runs, and a workload file is every batch's prompt set. ``workload build --first-epoch`` writes
+  ``"first_epoch": true`` into the file's meta line; ``rollplan replay`` honours it.
 """
 
 from __future__ import annotations
@@ -20,7 +36,7 @@ import logging
 import math
 import random
 import statistics
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -285,6 +301,58 @@ def load_workload(path: str | Path) -> Workload:
     return parse_workload(text, source=str(path))
 
 
+def workload_meta(path: str | Path) -> dict[str, Any]:
+    """The provenance of a workload file (its optional ``{"meta": ...}`` first line; {} without one), read
+    without parsing the trajectories. A file ``load_workload`` would reject may still return {} here."""
+    try:
+        with Path(path).open(encoding="utf-8") as f:
+            for raw in f:
+                line = raw.strip()
+                if not line:
+                    continue
+                try:
+                    doc = json.loads(line)
+                except json.JSONDecodeError:
+                    return {}
+                if isinstance(doc, dict) and set(doc) == {"meta"} and isinstance(doc["meta"], dict):
+                    return doc["meta"]
+                return {}
+    except (OSError, UnicodeDecodeError):
+        return {}
+    return {}
+
+
+def load_history(path: str | Path, known: Collection[str]) -> tuple[TrajectorySpec, ...]:
+    """Finished trajectories of the RL steps before a replay (a workload JSONL file, ``load_workload``), each
+    naming its prompt by its ``group``: the history a policy's length predictor starts from. ``known``: the
+    prompts the replay draws (its history keys). Raises ``TraceError`` for a malformed file, and naming the
+    file, the first trajectory (by line) and the count, for a history that names a prompt not in ``known``:
+    its lengths would never be looked up, so the file was most likely written for another workload."""
+    w = load_workload(path)
+    bad = [t for t in w.trajectories if t.group not in known]
+    if bad:
+        first = bad[0]
+        examples = ", ".join(repr(k) for k in sorted(known)[:3])
+        raise TraceError(str(path), _line_of(path, first.id),
+                         f"history trajectory {first.id!r} names prompt {first.group!r}, which the workload does not "
+                         f"have ({len(bad)} of {len(w)} history trajectories name unknown prompts)",
+                         fix=f"set each history trajectory's group to a prompt of the replayed workload (e.g. {examples})")
+    return w.trajectories
+
+
+def _line_of(path: str | Path, traj_id: str) -> int | None:
+    """The line of ``path`` holding trajectory ``traj_id`` (for error messages; None when not found)."""
+    try:
+        for lineno, raw in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+            if raw.strip().startswith("{") and f'"{traj_id}"' in raw:
+                doc = json.loads(raw)
+                if isinstance(doc, dict) and doc.get("id") == traj_id:
+                    return lineno
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return None
+
+
 def workload_to_jsonl(w: Workload) -> str:
     """The JSONL text of ``w`` (a meta line first when ``w.meta`` is non-empty); ``parse_workload`` inverts it."""
     lines = [json.dumps({"meta": dict(w.meta)}, separators=(",", ":"))] if w.meta else []
@@ -321,6 +389,36 @@ class GroupVariation:
     turn_sigma: float = 0.1
     tool_sigma: float = 0.2
     turns_sigma: float = 0.1
+
+
+DEFAULT_DISPERSION = 0.15
+"""The within-group dispersion of the builders (``GroupVariation().sample_sigma``): each sample's decode
+lengths are its group's base run x lognormal(0, 0.15), with the per-turn, tool and turn-count jitters of
+``GroupVariation``'s defaults beside it."""
+
+
+def check_dispersion(sigma: float) -> float:
+    """``sigma`` if it is a usable dispersion (finite, >= 0); else a one-line ``UserInputError``."""
+    if not (isinstance(sigma, int | float) and math.isfinite(sigma) and sigma >= 0):
+        raise UserInputError(f"bad dispersion {sigma!r}: it must be a finite number >= 0",
+                             fix=f"pass --dispersion SIGMA >= 0 (0: identical samples; default {DEFAULT_DISPERSION})")
+    return float(sigma)
+
+
+def with_dispersion(sigma: float | None, base: GroupVariation | None = None) -> GroupVariation:
+    """``base`` (default ``GroupVariation()``) at within-group dispersion ``sigma``: ``sample_sigma`` = sigma
+    and the other three sigmas (per-turn, tool, turn count) scaled by ``sigma / base.sample_sigma``, so the
+    default dispersion (``DEFAULT_DISPERSION``) gives ``GroupVariation()`` exactly, 0 gives identical samples
+    of a prompt, and a larger sigma spreads every length of a group more. (A base with ``sample_sigma`` 0
+    keeps its other sigmas for sigma > 0.) ``sigma`` None: ``base`` unchanged. Raises ``UserInputError`` for a
+    negative or non-finite sigma (``check_dispersion``)."""
+    v = base if base is not None else GroupVariation()
+    if sigma is None:
+        return v
+    sigma = check_dispersion(sigma)
+    f = 0.0 if sigma == 0 else (sigma / v.sample_sigma if v.sample_sigma > 0 else 1.0)
+    return GroupVariation(sample_sigma=sigma, turn_sigma=v.turn_sigma * f, tool_sigma=v.tool_sigma * f,
+                          turns_sigma=v.turns_sigma * f)
 
 
 def vary(
