@@ -312,3 +312,19 @@ def test_prefill_monotone(perf: PerfModel, p1: int, p2: int, cached: int, seqs: 
 def test_kv_capacity_seqs_non_increasing(perf: PerfModel, c1: float, c2: float) -> None:
     lo, hi = sorted((c1, c2))
     assert perf.kv_capacity_seqs(hi) <= perf.kv_capacity_seqs(lo)
+
+
+def test_h800_calibration_is_h100s_kernels_with_its_own_nvlink() -> None:
+    # H800 = H100 die and HBM with NVLink capped at 400 GB/s: single-GPU steps priced as the H100 fit; the
+    # NVLink-bound terms (TP all-reduce, same-node KV transfer) from the H800's slower link, so slower.
+    from rollplan.models.perf import perf_model, shipped_calibration
+
+    h800, h100 = (perf_model(g, "qwen3-8b", 1, calibrated=True) for g in ("h800", "h100"))
+    assert h800.decode_step_time(32, 4000) == h100.decode_step_time(32, 4000)
+    assert h800.step_time(1024, 8000, 16, 16 * 6000) == h100.step_time(1024, 8000, 16, 16 * 6000)
+    assert h800.decode_step_time(32, 4000) != perf_model("h800", "qwen3-8b", 1).decode_step_time(32, 4000)
+    t800, t100 = (perf_model(g, "qwen3-8b", 2, calibrated=True) for g in ("h800", "h100"))
+    assert t800.decode_step_time(32, 4000) > t100.decode_step_time(32, 4000)
+    assert t800.kv_transfer_time(10_000, True) > t100.kv_transfer_time(10_000, True)
+    cal = shipped_calibration("h800")
+    assert cal.gpu == "h800" and cal.report["derived_from"] == "h100" and not cal.allreduce

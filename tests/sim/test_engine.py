@@ -68,10 +68,10 @@ def _chunked_prefill(perf, tokens: int, cached: int, chunk: int = 2048) -> float
 
 
 def test_tiny_static_case_matches_hand_computed_makespan() -> None:
-    # One H800 running Qwen3-8B, one trajectory: prompt 3000, turn 0 decodes 400 then a 2 s tool call,
+    # One H800 running Qwen3-8B (the shipped calibration, as replays use), one trajectory: prompt 3000, turn 0 decodes 400 then a 2 s tool call,
     # turn 1 prefills 500 new tokens and decodes 150. Alone on its slot: batch 1, chunked prefill stalls it.
     spec = SimTraj("t0", "g0", 3000, (0, 500), (400, 150), (2.0, 0.0))
-    p = perf_model("h800", "qwen3-8b")
+    p = perf_model("h800", "qwen3-8b", calibrated=True)
     ctx0 = 3000
     seg0 = _chunked_prefill(p, 3000, 0) + 400 * p.decode_step_time(1, ctx0 + 200)
     ctx1 = ctx0 + 400 + 500
@@ -89,7 +89,7 @@ def test_two_trajectories_share_one_slot(same_prompt: bool) -> None:
     # Two single-turn trajectories start together: one batch of 2 for the whole decode. Two samples of one
     # prompt prefill it once (shared prompts, the default); two prompts of the same length twice.
     spec = [SimTraj(f"t{i}", "g0" if same_prompt else f"g{i}", 1000, (0,), (300,), (0.0,)) for i in range(2)]
-    p = perf_model("h800", "qwen3-8b")
+    p = perf_model("h800", "qwen3-8b", calibrated=True)
     prefills = 1 if same_prompt else 2
     expected = prefills * _chunked_prefill(p, 1000, 0) + 300 * p.decode_step_time(2, 1150)
     run = run_policy(_one_slot_scenario(spec), make_policy("static-colocated"))
@@ -220,7 +220,7 @@ def test_disaggregated_turn_matches_hand_computed_time() -> None:
     # static-disagg 1:1 on two dedicated H800s (one node each): the single-turn trajectory prefills its
     # 3000-token prompt on the PREFILL slot, ships the KV across nodes, then decodes 400 tokens alone.
     spec = SimTraj("t0", "g0", 3000, (0,), (400,), (0.0,))
-    p = perf_model("h800", "qwen3-8b")
+    p = perf_model("h800", "qwen3-8b", calibrated=True)
     expected = (_chunked_prefill(p, 3000, 0) + p.kv_transfer_time(3000, same_node=False)
                 + 400 * p.decode_step_time(1, 3000 + 200))
     sc = Scenario("pd", BatchSource((spec,)), dedicated=2, max_batches=1, sim=SimConfig(fold_tool_s=0.0))
@@ -260,7 +260,7 @@ def test_tool_kv_modes_pinned_evictable_offload() -> None:
     assert at_o["B"] == pytest.approx(at_e["B"])
     assert off["counters"]["evictions"] == 1 and off["counters"]["kv_reloads"] == 1
     assert off["prefill_tokens"] == prompts
-    p = perf_model("h800", "qwen3-8b")
+    p = perf_model("h800", "qwen3-8b", calibrated=True)
     reload_s = p.kv_transfer_time(8300, same_node=False)
     assert at_o["A"] < at_e["A"]
     assert at_o["A"] >= 60.0 + reload_s

@@ -105,7 +105,7 @@ def _leave_trace(duration: float) -> AvailabilityTrace:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("name", ["elastic-colocated", "rollplan"])
 def test_capacity_gone_for_good_without_end_time_raises(name: str) -> None:
-    sc = Scenario("gone", _batch(8, turns=20), dedicated=0, trace=_leave_trace(math.inf), max_batches=1)
+    sc = Scenario("gone", _batch(8, turns=40), dedicated=0, trace=_leave_trace(math.inf), max_batches=1)
     with pytest.raises(NoProgressError) as err:
         run_policy(sc, make_policy(name))
     text = str(err.value)
@@ -115,7 +115,7 @@ def test_capacity_gone_for_good_without_end_time_raises(name: str) -> None:
 
 @pytest.mark.timeout(60)
 def test_capacity_gone_without_interval_ticks_raises_instead_of_returning_a_partial_batch() -> None:
-    sc = Scenario("gone", _batch(8, turns=20), dedicated=0, trace=_leave_trace(math.inf), max_batches=1,
+    sc = Scenario("gone", _batch(8, turns=40), dedicated=0, trace=_leave_trace(math.inf), max_batches=1,
                   replan_interval_s=math.inf)
     with pytest.raises(NoProgressError, match="no GPU is present"):
         run_policy(sc, make_policy("elastic-colocated"))
@@ -125,7 +125,7 @@ def test_capacity_gone_without_interval_ticks_raises_instead_of_returning_a_part
 def test_capacity_gone_for_good_with_end_time_ends_there_with_a_result() -> None:
     # Same stall with a (far) end time: the replay covers the window to its end, without calling the policy
     # at each of the ~8300 ticks.
-    sc = Scenario("gone", _batch(8, turns=20), dedicated=0, trace=_leave_trace(1e6), max_batches=1)
+    sc = Scenario("gone", _batch(8, turns=40), dedicated=0, trace=_leave_trace(1e6), max_batches=1)
     s = run_policy(sc, make_policy("elastic-colocated")).summary
     assert s["trajectories_completed"] == 0
     assert s["replay_s"] == pytest.approx(1e6)

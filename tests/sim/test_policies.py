@@ -35,7 +35,7 @@ def _spot(i: int) -> Slot:
 
 
 def _long_batch(n: int = 8, turns: int = 20) -> BatchSource:
-    specs = tuple(SimTraj(f"t{i}", f"g{i // 4}", 4000, (0,) + (800,) * (turns - 1), (600,) * turns,
+    specs = tuple(SimTraj(f"t{i}", f"g{i // 4}", 4000, (0,) + (800,) * (turns - 1), (900,) * turns,
                           (1.0,) * (turns - 1) + (0.0,)) for i in range(n))
     return BatchSource(specs)
 
@@ -82,7 +82,7 @@ def test_preemption_without_notice_loses_kv_for_every_policy() -> None:
     for name in ("elastic-colocated", "rollplan"):
         s = run_policy(sc, make_policy(name)).summary
         assert s["counters"].get("kv_lost", 0) > 0, name
-        assert s["trajectories_completed"] == 8 and s["decode_tokens"] == pytest.approx(8 * 20 * 600), name
+        assert s["trajectories_completed"] == 8 and s["decode_tokens"] == pytest.approx(8 * 20 * 900), name
 
 
 def test_reclaim_deadline_is_enforced_for_every_policy() -> None:
@@ -205,17 +205,23 @@ def test_rollplan_headroom_guards_critical_slots_only() -> None:
     # path): KV_HEADROOM there, BULK_HEADROOM elsewhere; never more than an empty slot would leave. Each level
     # and both regimes are exercised (not vacuous): critical slots are guarded, bulk slots packed past
     # KV_HEADROOM.
-    src = BatchSource.dataset(builtin_bases(7, prompts=24), groups=12, samples=8, seed=7, max_context=40960)
-    sc = Scenario("headroom", src, dedicated=4, max_batches=2, warmup_batches=2, sim=SimConfig(mem_util=0.5),
-                  replan_interval_s=60.0, seed=7)
-    pol = _AuditedRollplan()
-    run = run_policy(sc, pol)
-    assert run.summary["trajectories_completed"] == 2 * 96
-    assert pol.audit and all(room >= h_eff - 1e-9 for room, _h, h_eff in pol.audit)
-    assert any(room < KV_HEADROOM for room, h, _e in pol.audit if h == BULK_HEADROOM)
-    assert any(h == CRITICAL_HEADROOM for _room, h, _e in pol.audit)
-    assert pol.modes and all(got == want for got, want in pol.modes)
-    assert {got for got, _want in pol.modes} == {True, False}
+    # Which regimes a small replay visits depends on its physics, so the levels are required over three seeds.
+    audit: list[tuple[float, float, float]] = []
+    modes: list[tuple[bool, bool]] = []
+    for seed in (5, 7, 11):
+        src = BatchSource.dataset(builtin_bases(seed, prompts=24), groups=12, samples=8, seed=seed, max_context=40960)
+        sc = Scenario("headroom", src, dedicated=3, max_batches=2, warmup_batches=2, sim=SimConfig(mem_util=0.5),
+                      replan_interval_s=60.0, seed=seed)
+        pol = _AuditedRollplan()
+        run = run_policy(sc, pol)
+        assert run.summary["trajectories_completed"] == 2 * 96
+        assert pol.audit and all(room >= h_eff - 1e-9 for room, _h, h_eff in pol.audit)
+        assert pol.modes and all(got == want for got, want in pol.modes)
+        audit += pol.audit
+        modes += pol.modes
+    assert any(room < KV_HEADROOM for room, h, _e in audit if h == BULK_HEADROOM)
+    assert any(h == CRITICAL_HEADROOM for _room, h, _e in audit)
+    assert {got for got, _want in modes} == {True, False}
     assert 0 < BULK_SHARE <= 1
     assert CRITICAL_HEADROOM > KV_HEADROOM > BULK_HEADROOM
 

@@ -37,12 +37,12 @@ PEARL = {32: {"faster": "disaggregated", "by": 0.097}, 96: {"faster": "colocated
 
 
 def _scenario(data_dir: Path, *, prompts: int, samples: int, seed: int, gpus: int, gpu: str, model: str,
-              batches: int) -> Scenario:
+              batches: int, calibrated: bool = True) -> Scenario:
     return Scenario(
         name=f"pd-crossover:{prompts}x{samples}:seed{seed}",
         batches=batch_source("swebench", model=model, groups=prompts, samples=samples, seed=seed, data_dir=data_dir),
         model=model, gpu=gpu, dedicated=gpus, trace=None,
-        lending=LendingConfig(gpus=0, gpu=gpu), max_batches=batches, seed=seed, sim=SimConfig(),
+        lending=LendingConfig(gpus=0, gpu=gpu), max_batches=batches, seed=seed, sim=SimConfig(), calibrated=calibrated,
     )
 
 
@@ -61,6 +61,7 @@ def run_pd_crossover(
     model: str = "qwen3-8b",
     batches: int = 3,
     splits: Sequence[tuple[int, int]] = PD_SPLITS,
+    calibrated: bool = True,
 ) -> dict[str, Any]:
     """Replay every (batch size, seed) under static-colocated and static-disagg at each split; see the module
     docstring for what is reported. Deterministic (the simulator and the workload are seeded)."""
@@ -72,7 +73,7 @@ def run_pd_crossover(
         per_seed: list[dict[str, Any]] = []
         for seed in seeds:
             sc = _scenario(data_dir, prompts=prompts, samples=samples, seed=seed, gpus=gpus, gpu=gpu, model=model,
-                           batches=batches)
+                           batches=batches, calibrated=calibrated)
             pols = [make_policy("static-colocated")]
             pols += [make_policy("static-disagg", pd=s) for s in splits]
             res = run_replay(sc, pols, jobs=1)
@@ -101,6 +102,7 @@ def run_pd_crossover(
         })
     return {
         "setting": {"gpus": gpus, "gpu": gpu, "model": model, "samples": samples, "seeds": list(seeds),
+                    "perf": "calibrated" if calibrated else "roofline",
                     "batches": batches, "splits": [f"{p}:{d}" for p, d in splits], "workload": "swebench"},
         "rows": rows,
     }

@@ -28,6 +28,18 @@ FirstEpochOption = Annotated[bool, typer.Option(
     "--first-epoch", help="Prompts never seen before: no batch's prompts are in the policies' length history.")]
 
 
+PerfOption = Annotated[str, typer.Option(
+    "--perf", help="Step times: calibrated (the shipped measured fits for H100/H200, H800 derived from H100; the "
+                   "roofline for other GPU kinds) | roofline.")]
+
+
+def perf_is_calibrated(perf: str) -> bool:
+    """``--perf`` -> ``Scenario.calibrated``; a one-line error for anything else."""
+    if perf not in ("calibrated", "roofline"):
+        raise UserInputError(f"unknown --perf {perf!r}", fix="use --perf calibrated or --perf roofline")
+    return perf == "calibrated"
+
+
 def _progress_runner(scenario: Any, policies: list[Any], *, quiet: bool, jobs: int = 1) -> Any:
     """Run the replay under a rich progress bar (on stderr; none when ``quiet``). With ``jobs`` > 1 the
     policies run in worker processes and each bar fills when its policy is done."""
@@ -188,6 +200,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         history: Annotated[Path | None, typer.Option(
             "--history", help="Workload JSONL of trajectories finished before the replay, each naming its prompt by "
                               "its group: the length history rollplan and elastic-plus start from.")] = None,
+        perf: PerfOption = "calibrated",
     ) -> None:
         """Replay an availability trace with a workload under the policies; report and plots in --out."""
         from rollplan.models.specs import gpu_kind, model_spec
@@ -241,6 +254,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             batches=workload_options(src, dispersion=dispersion, first_epoch=first_epoch),
             model=model, gpu=gpu, dedicated=dedicated, trace=trace, lending=lending,
             max_batches=batches, seed=seed, sim=sim_cfg, replan_interval_s=replan_interval,
+            calibrated=perf_is_calibrated(perf),
         )
         pols = [make_policy(n, pd=split, backend=backend, time_limit=time_limit) for n in names]
         if hist:
@@ -362,6 +376,7 @@ def register_pd_crossover(bench: typer.Typer) -> None:
         model: Annotated[str, typer.Option("--model", help="Model preset.")] = "qwen3-8b",
         batches: Annotated[int, typer.Option("--batches", min=1, help="Batches per replay.")] = 3,
         as_json: Annotated[bool, typer.Option("--json", help="Print the JSON only.")] = False,
+        perf: PerfOption = "calibrated",
     ) -> None:
         """Colocated vs disaggregated P/D on dedicated GPUs at two batch sizes, next to PEARL's figures."""
         from rollplan.models.specs import gpu_kind, model_spec
@@ -381,7 +396,7 @@ def register_pd_crossover(bench: typer.Typer) -> None:
             return vals
 
         doc = run_pd_crossover(data, sizes=ints(sizes, "--prompts"), samples=samples, seeds=ints(seeds, "--seeds"),
-                               gpus=gpus, gpu=gpu, model=model, batches=batches)
+                               gpus=gpus, gpu=gpu, model=model, batches=batches, calibrated=perf_is_calibrated(perf))
         print(json.dumps(doc, indent=1))
         if as_json:
             return

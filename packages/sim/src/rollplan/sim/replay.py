@@ -32,6 +32,7 @@ import numpy as np
 
 from rollplan.models.errors import UserInputError
 from rollplan.models.perf import default_provider
+from rollplan.models.perf.calibrated import SHIPPED_GPUS
 from rollplan.models.specs import gpu_kind, model_spec
 from rollplan.models.types import AvailabilityEvent, EngineState, EventKind, Slot, SlotSource
 from rollplan.sim.engine import FastPerf, NoProgressError, SimConfig, SimTraj, Simulator
@@ -267,6 +268,8 @@ class Scenario:
     ``trace``: preemptible GPUs (None: none). ``lending``: training GPUs lent between steps.
     ``max_batches``: stop after this many rollouts (None: until the trace ends). ``duration_s``: hard end
     (default: the trace's duration; required when there is no trace and no ``max_batches``).
+    ``calibrated``: step times from the measured kernel fits where the GPU kind has one (``perf_factory``;
+    the default: the physics comes from measured data), else from the roofline.
     """
 
     name: str
@@ -281,7 +284,7 @@ class Scenario:
     seed: int = 0
     sim: SimConfig = field(default_factory=SimConfig)
     replan_interval_s: float = 120.0
-    calibrated: bool = False
+    calibrated: bool = True
     warmup_batches: int = 0
 
     def history(self) -> list[tuple[SimTraj, str]]:
@@ -412,14 +415,18 @@ class RLDriver:
 
 
 def perf_factory(model: str, *, calibrated: bool, config: SimConfig) -> Callable[[str, int], FastPerf]:
-    """(gpu kind, tp) -> FastPerf, cached: shared by every policy of a replay (same model, same tables)."""
-    provider = default_provider(model, calibrated=calibrated)
+    """(gpu kind, tp) -> FastPerf, cached: shared by every policy of a replay (same model, same tables).
+    ``calibrated``: the shipped measured fits for the GPU kinds that have one (``SHIPPED_GPUS``: H100, H200,
+    H800 derived from H100), the roofline for the others; else the roofline everywhere."""
+    fitted = default_provider(model, calibrated=True)
+    roofline = default_provider(model)
     spec = model_spec(model)
     cache: dict[tuple[str, int], FastPerf] = {}
 
     def get(gpu: str, tp: int) -> FastPerf:
         key = (gpu, tp)
         if key not in cache:
+            provider = fitted if calibrated and gpu_kind(gpu).name in SHIPPED_GPUS else roofline
             cache[key] = FastPerf(provider(gpu, tp), config.prefill_chunk, spec.max_context, config.mem_util)
         return cache[key]
 

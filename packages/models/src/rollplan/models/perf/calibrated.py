@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -43,7 +43,13 @@ from rollplan.models.perf.roofline import RooflinePerfModel, kv_bytes_per_token_
 from rollplan.models.specs import GpuKind, ModelSpec, check_tp, gpu_kind, model_spec
 
 SCHEMA = "rollplan.perf.calibration/1"
-SHIPPED_GPUS = ("h100", "h200")
+SHIPPED_GPUS = ("h100", "h200", "h800")
+DERIVED_FROM = {"h800": "h100"}
+"""GPU kinds whose calibration is derived from another kind's measured one. The H800 SXM is the H100 SXM with
+NVLink capped at 400 GB/s (bidirectional, against 900) for export: the same die, clocks and HBM3, so every
+kernel the H100 tables measured (GEMM, attention, elementwise, per-step host overhead) runs the same. What
+rides on NVLink is not carried over: the TP all-reduce curves and the same-node KV transfer fall back to the
+roofline with the H800's own link bandwidth (``GpuKind.nvlink_bandwidth``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,10 +364,23 @@ def save_calibration(cal: Calibration, path: str | Path) -> None:
     Path(path).write_text(json.dumps(calibration_to_dict(cal), indent=1, sort_keys=False) + "\n")
 
 
+def derived_calibration(gpu: str, base: Calibration) -> Calibration:
+    """``base`` (another GPU kind's measured calibration) as ``gpu``'s, by ``DERIVED_FROM``'s rule: the kernel
+    fits kept, everything NVLink-bound (all-reduce curves, same-node KV transfer) left to the roofline."""
+    report = {"derived_from": base.gpu,
+              "rule": "same die and HBM; NVLink-bound terms (all-reduce, same-node KV transfer) from the roofline",
+              "base_report": base.report}
+    return replace(base, gpu=gpu, source=f"derived from the {base.gpu} calibration ({base.source})",
+                   allreduce={}, switch=replace(base.switch, kv_same_node=None), report=report)
+
+
 @cache
 def shipped_calibration(gpu: str) -> Calibration:
-    """The calibration shipped as package data for ``gpu`` (H100, H200). Raises ``UserInputError`` otherwise."""
+    """The calibration shipped for ``gpu``: package data for H100 and H200, derived for H800
+    (``DERIVED_FROM``). Raises ``UserInputError`` for other kinds."""
     key = gpu_kind(gpu).name
+    if key in DERIVED_FROM:
+        return derived_calibration(key, shipped_calibration(DERIVED_FROM[key]))
     if key not in SHIPPED_GPUS:
         raise UserInputError(
             f"no calibration is shipped for GPU kind {key!r} (shipped: {', '.join(SHIPPED_GPUS)})",
