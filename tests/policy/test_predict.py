@@ -1,11 +1,15 @@
-"""The simulator's length predictor (``rollplan.sim.predict.Predictor``): what a policy may know.
+"""The decision core's length predictor (``rollplan.policy.predict.Predictor``, the simulator's and the
+executor's): what a policy may know.
 
 Invariants checked:
 - sources in order: the default prior before anything finished; the mean over every finished trajectory for an
   unseen prompt; the prompt's own history across batches; the group (same prompt, same batch) once a sibling
   finished (Seer-style), and a new batch drops group statistics but keeps the history;
 - a trajectory past its prediction is expected to go on for ``SURVIVAL`` times what it has done (heavy tails);
-- the snapshot hot path ``remaining_raw`` agrees with ``remaining`` (hypothesis, random observations/progress).
+- the snapshot hot path ``remaining_raw`` agrees with ``remaining`` (hypothesis, random observations/progress);
+- a budget caps the prediction (never more decode tokens or turns than the budget leaves, at least one), and
+  a budget prior scales with the budget;
+- ``SpreadCheck`` counts a finished total within one / two spreads exactly when it is.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollplan.sim.predict import DEFAULT_PRIOR, SURVIVAL, Predictor, Totals
+from rollplan.policy.predict import DEFAULT_PRIOR, SURVIVAL, Predictor, SpreadCheck, Totals
 
 
 def totals(decode: float = 1000.0, prefill: float = 4000.0, tool: float = 50.0, turns: float = 10.0) -> Totals:
@@ -82,3 +86,39 @@ def test_hot_path_agrees_with_the_reference(history, key, group, done) -> None:
         (ref.decode.mean, ref.prefill.mean, ref.tool.mean, ref.turns.mean), rel=1e-9, abs=1e-9
     )
     assert sds == pytest.approx((ref.decode.spread, ref.prefill.spread, ref.tool.spread, ref.turns.spread), rel=1e-9, abs=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(done_dec=st.floats(0, 5000), done_turns=st.floats(0, 30), max_turns=st.integers(1, 40),
+       max_tokens=st.integers(1, 512), seen=st.booleans())
+def test_budget_caps_the_prediction(done_dec: float, done_turns: float, max_turns: int, max_tokens: int,
+                                    seen: bool) -> None:
+    prior = Predictor.budget_prior(max_turns, max_tokens)
+    p = Predictor(prior=prior)
+    p.start_batch(0)
+    if seen:
+        p.observe("k", "b0:g", totals(decode=3 * max_turns * max_tokens, turns=3 * max_turns))
+    budget = Totals(float(max_turns * max_tokens), 0.0, 0.0, float(max_turns))
+    done = Totals(min(done_dec, budget.decode), 0.0, 0.0, min(done_turns, budget.turns))
+    r = Predictor.capped(p.remaining("k", "b0:g", done), done, budget)
+    assert 1.0 <= r.decode.mean <= max(budget.decode - done.decode, 1.0)
+    assert 1.0 <= r.turns.mean <= max(budget.turns - done.turns, 1.0)
+    assert 0.0 <= r.decode.spread <= r.decode.mean
+
+
+def test_budget_prior_scales_with_the_budget() -> None:
+    small, big = Predictor.budget_prior(4, 16), Predictor.budget_prior(8, 64)
+    assert small.decode == 0.5 * 4 * 16 and big.decode == 0.5 * 8 * 64 and big.turns > small.turns
+    p = Predictor(prior=small)
+    p.start_batch(0)
+    r = p.remaining("k", "g", NOTHING)
+    assert r.source == "default" and r.decode.mean == pytest.approx(small.decode)
+
+
+def test_spread_check_counts_within_one_and_two_spreads() -> None:
+    c = SpreadCheck()
+    assert c.within(1) is None
+    for actual in (100.0, 109.0, 115.0, 125.0):  # mean 100, spread 10: |err| 0, 9, 15, 25
+        c.add(100.0, 10.0, actual)
+    assert c.within(1) == 0.5 and c.within(2) == 0.75
+    assert c.summary()["mean_abs_error"] == pytest.approx((0 + 9 + 15 + 25) / 4)
