@@ -211,6 +211,18 @@ def test_measured_perf_fits_profile_records() -> None:
     assert m.kv_capacity_tokens() == (64 << 20) // model_spec("tiny").kv_bytes_per_token
 
 
+def test_measured_step_time_has_the_protocol_special_cases() -> None:
+    from rollplan.models import UserInputError
+
+    m = MeasuredPerfModel(gpu_kind("cpu"), model_spec("tiny"))
+    assert m.step_time(0, 0, 8, 8 * 100.0) == pytest.approx(m.decode_step_time(8, 100.0))
+    assert m.step_time(64, 32, 0, 0) == pytest.approx(m.prefill_time([64], [32]))
+    mixed = m.step_time(64, 0, 8, 800.0)
+    assert m.decode_step_time(8, 100.0) < mixed < m.decode_step_time(8, 100.0) + m.prefill_time([64])
+    with pytest.raises(UserInputError, match="decode_seqs"):
+        m.step_time(0, 0, -1, 0)
+
+
 def test_measured_provider_reads_a_profile_file(tmp_path: Path) -> None:
     f = tmp_path / "p.jsonl"
     f.write_text("\n".join(json.dumps({"phase": "wake", "seconds": s}) for s in (0.1, 0.3, 0.2)) + "\n")

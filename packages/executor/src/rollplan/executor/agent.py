@@ -105,7 +105,11 @@ EnvFactory = Callable[[RolloutItem], Env]
 class TurnRecord:
     """One turn. ``engines``: slots that generated its tokens, in order (several after a migration).
     ``prefill_slot``: the PREFILL slot that prefilled it (P/D), if any. ``num_cached_tokens``: KV the
-    (last) engine did not compute itself (prefix cache or loaded through the KV connector)."""
+    (last) engine did not compute itself (prefix cache or loaded through the KV connector).
+    ``weights_version``: the weights version of its last token. ``weights_versions``: the engine's
+    versions from the admission of the turn's request to its end, oldest first: one entry, unless a weight
+    update happened while the turn was in flight (the turn then carried on with the new weights, nothing
+    regenerated; a request that only waited at the paused engine lists the old version too)."""
 
     index: int
     context_tokens: int
@@ -121,6 +125,7 @@ class TurnRecord:
     tool_seconds: float
     observation_ids: tuple[int, ...] = ()
     interruptions: int = 0
+    weights_versions: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +346,7 @@ class AgentLoop:
         engines: list[str] = []
         prefill_slot, cached, version, finish, attempt = None, 0, 0, "length", 0
         interruptions = 0
+        versions: list[int] = []
         while len(run.partial) < budget:
             if interruptions > MAX_INTERRUPTIONS:
                 raise ExecutorError(
@@ -401,6 +407,10 @@ class AgentLoop:
                 logprobs.extend(out["logprobs"])
             cached = int(out["num_cached_tokens"])
             version = int(out["weights_version"])
+            if new:
+                for v in (int(out.get("first_weights_version", version)), version):
+                    if not versions or versions[-1] != v:
+                        versions.append(v)
             finish = out["finish_reason"]
             if finish in ("stop", "length"):
                 break
@@ -421,6 +431,7 @@ class AgentLoop:
             prefill_slot=prefill_slot,
             num_cached_tokens=cached,
             weights_version=version,
+            weights_versions=tuple(versions) or (version,),
             started=start,
             generate_seconds=self.router.clock() - start,
             tool_seconds=0.0,

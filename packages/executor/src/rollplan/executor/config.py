@@ -148,6 +148,10 @@ class ExecutorConfig:
     snapshot times and deadlines (absolute seconds, same clock as ``lend(until=...)``).
     ``drain_margin``: seconds before a deadline at which the executor forces a slot empty regardless of the
     plan. ``max_replans_per_event``: bound on chained re-plans after failed actions.
+    ``keep_lent_engines``: a lent slot given back keeps its engine asleep instead of stopping it (vLLM
+    sleep mode where the platform has it: weights offloaded, KV freed, the GPU's memory back to training;
+    on CPU the engine only stops being routed to), so the next ``lend`` of that slot costs a wake and a
+    weight sync instead of a cold start. Off by default: a stopped engine frees everything.
     """
 
     engine: EngineConfig
@@ -170,5 +174,6 @@ class ExecutorConfig:
     role_switch_seconds: float = 0.01
     drain_margin: float = 1.0
     max_replans_per_event: int = 3
+    keep_lent_engines: bool = False
     prediction_prior_tokens: float = 64.0
     clock: Callable[[], float] = time.time

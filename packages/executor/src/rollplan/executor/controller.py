@@ -48,6 +48,7 @@ from rollplan.models import (
     Plan,
     Role,
     Slot,
+    SlotSource,
     SolveStatus,
     Trajectory,
 )
@@ -466,7 +467,7 @@ class Controller:
             self.start_engine(s)
         elif k is ActionKind.WAKE_ENGINE:
             if s.engine is not None and s.engine.state.value == "sleeping":
-                await s.engine.wake()
+                await self._wake_engine(s)
         elif k is ActionKind.SLEEP_ENGINE:
             if s.engine is not None and s.engine.serving and not self._has_work(s.id):
                 await s.engine.sleep()
@@ -481,8 +482,7 @@ class Controller:
             await self.migrate(a.trajectory, a.target, kv=k is ActionKind.MIGRATE_KV)
         elif k is ActionKind.STOP_ENGINE:
             await self.empty_slot(s, deadline=a.deadline if a.deadline is not None else s.return_by)
-            if s.engine is not None and s.engine.alive:
-                await s.engine.stop()
+            await self._release_engine(s)
             s.role = Role.OFF
         elif k is ActionKind.RETURN_SLOT:
             await self.return_slot(s)
@@ -492,7 +492,7 @@ class Controller:
         """Spawn and start an engine on ``s`` in the background (idempotent while one is alive)."""
         if s.engine is not None and s.engine.alive:
             if s.engine.state.value == "sleeping":
-                s.engine.task = asyncio.create_task(s.engine.wake())
+                s.engine.task = asyncio.create_task(self._wake_engine(s))
             return s.engine
         handle = EngineHandle.spawn(s.id, s.node, s.resource, self.config.engine)
         s.engine = handle
@@ -529,6 +529,30 @@ class Controller:
         if handle.version < self._weights_version:  # an update arrived while it was loading
             await self.sync_slot(s)
         self._notify_routing()
+
+    async def _wake_engine(self, s: SlotRuntime) -> None:
+        """Wake ``s``'s sleeping engine and bring it to the newest weights (a parked lent engine slept
+        through updates) before the plan routes anything to it (roles switch after wakes and syncs)."""
+        assert s.engine is not None
+        await s.engine.wake()
+        await self.sync_slot(s)
+
+    async def _release_engine(self, s: SlotRuntime) -> None:
+        """Free ``s``'s engine: stop it, or with ``config.keep_lent_engines`` put a lent slot's serving
+        engine to sleep (parked on the returned slot; the next ``lend`` of the slot takes it back)."""
+        e = s.engine
+        if e is None or not e.alive:
+            return
+        if self.config.keep_lent_engines and s.source is SlotSource.LENT_BY_TRAINING and e.ready.is_set():
+            if e.serving:
+                try:
+                    await e.sleep()
+                    self.stats.events.append((self.clock(), "parked", (s.id,)))
+                except Exception as exc:  # a failed sleep must not keep the slot: stop it instead
+                    log.warning("sleep of the engine on lent slot %s failed (%s): stopping it", s.id, exc)
+            if e.state.value == "sleeping":
+                return
+        await e.stop()
 
     async def sync_slot(self, s: SlotRuntime) -> None:
         """Bring ``s``'s engine to the newest weights (no-op when current or not started)."""
@@ -637,8 +661,7 @@ class Controller:
         if s.returned:
             return
         await self.empty_slot(s, deadline=s.return_by)
-        if s.engine is not None and s.engine.alive:
-            await s.engine.stop()
+        await self._release_engine(s)
         s.returned = True
         s.role = Role.OFF
         if s.return_by is not None:

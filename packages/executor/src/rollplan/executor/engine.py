@@ -167,9 +167,13 @@ class EngineActor:
 
         token_ids, logprobs (None unless asked), finish_reason ("stop" | "length" | "abort" |
         "unavailable"), num_cached_tokens (prefix cache + KV loaded through the connector),
-        prompt_tokens, seconds, slot, weights_version. On abort, ``token_ids`` holds the tokens made so far.
+        prompt_tokens, seconds, slot, weights_version (when it finished) and first_weights_version (when
+        it was admitted: they differ when a weight update happened while the request was in flight; it
+        then carried on with the new weights, see ``update_weights``). On abort, ``token_ids`` holds the
+        tokens made so far.
         """
         t = time.perf_counter()
+        first_version = self._version
         self._check_alive()
         if not self._life.state.accepts_requests:
             return self._unavailable(prompt_ids)
@@ -203,6 +207,7 @@ class EngineActor:
             "seconds": time.perf_counter() - t,
             "slot": self._slot,
             "weights_version": self._version,
+            "first_weights_version": first_version,
         }
 
     async def generate_stream(self, request_id: str, prompt_ids: list[int], params: dict[str, Any]):
@@ -292,12 +297,15 @@ class EngineActor:
             "seconds": 0.0,
             "slot": self._slot,
             "weights_version": self._version,
+            "first_weights_version": self._version,
             "state": self._life.state.value,
         }
 
     # -- weights -----------------------------------------------------------------------------------------
     async def pause(self) -> None:
-        """Freeze scheduling (in-flight requests keep their place) before a weight sync."""
+        """Freeze scheduling before a weight sync: vLLM ``pause_generation(mode="keep")``, so in-flight
+        requests keep their place (none is aborted) and carry on after ``resume``; caches are kept here
+        and reset by ``reset_cache`` once the new weights are in."""
         self._life.require(EngineStatus.SERVING, EngineStatus.SLEEPING, EngineStatus.DRAINING, action="pause")
         await self._engine.pause_generation(mode="keep", clear_cache=False)
 

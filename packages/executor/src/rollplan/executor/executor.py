@@ -42,6 +42,15 @@ from rollplan.executor.controller import Controller, PlanFn
 from rollplan.executor.perf import measured_provider
 from rollplan.executor.pool import SlotRuntime
 from rollplan.executor.prediction import GroupPredictor
+from rollplan.executor.weights import (
+    LendError,
+    Shapes,
+    WeightUpdateError,
+    check_shapes,
+    checkpoint_shapes,
+    header_shapes,
+    state_dict_shapes,
+)
 from rollplan.models import ExecutorError, Role, SlotSource, UserInputError
 
 log = logging.getLogger(__name__)
@@ -96,6 +105,7 @@ class RolloutExecutor:
         self._poll_task: asyncio.Task | None = None
         self._started = False
         self._own_store: str | None = None
+        self._expected_shapes: Shapes | None = None  # the checkpoint's tensors ({}: not a local folder)
         self._rollout_lock = asyncio.Lock()
         self.rollouts = 0
         self.last_rollout: dict[str, Any] = {}
@@ -262,20 +272,31 @@ class RolloutExecutor:
 
     async def lend(self, slots: Sequence[str], until: float) -> None:
         """Training lends ``slots`` (from ``lendable_slots()``) until ``until``: they join the plan with that
-        return deadline."""
+        return deadline. An ``until`` that is not in the future raises ``LendError`` (nothing is lent)."""
+        now = self.now()
+        if not until > now:
+            raise LendError(
+                f"lend until {until:.3f} is {now - until:.3f} s in the past",
+                fix="pass an absolute end on the executor's clock (config.clock, time.time by default), "
+                "e.g. executor.now() + seconds",
+                until=until,
+                now=now,
+            )
         await self.start()
         ctl = self.ctl
         for sid in slots:
             if sid not in self._lendable:
                 await self._poll_membership()
             if sid not in self._lendable:
-                raise UserInputError(
-                    f"slot {sid!r} is not lendable", fix=f"use one of {self.lendable_slots()}"
-                )
+                raise LendError(f"slot {sid!r} is not lendable", fix=f"use one of {self.lendable_slots()}")
             node, res = self._lendable[sid]
             s = ctl.slots.get(sid)
             if s is None or s.returned or s.lost:
+                # An engine parked asleep on the returned slot (config.keep_lent_engines) comes back with it.
+                parked = s.engine if s is not None and not s.lost and s.engine is not None else None
                 s = SlotRuntime(sid, node, res, self.config.gpu_kind, source=SlotSource.LENT_BY_TRAINING)
+                if parked is not None and parked.alive and parked.state.value == "sleeping":
+                    s.engine = parked
                 ctl.add_slot(s)
             ctl.set_deadline(s, until)
         ctl.stats.events.append((self.now(), "lend", tuple(slots)))
@@ -312,27 +333,55 @@ class RolloutExecutor:
     ) -> list[float]:
         """Install new weights on every engine in place (see ``Controller.update_weights``); engines
         started later load this version. ``weights``: a state dict, safetensors bytes, or a safetensors
-        file / model folder path visible to every node."""
+        file / model folder path visible to every node.
+
+        Lossless: requests in flight are paused (vLLM ``pause_generation(mode="keep")``), recompute their KV
+        with the new weights and carry on to their full length; none is aborted. Each turn records the
+        versions it was generated with (``TurnRecord.weights_versions``).
+
+        Checked before any engine is touched (``WeightUpdateError``, the engines keep their weights): the
+        version must be newer than the current one, and the tensors must be exactly the names and shapes
+        of the model's checkpoint (when ``config.engine.model`` is a local folder)."""
         import ray
 
-        await self.start()
-        if version <= self._weights[2]:
-            raise UserInputError(
-                f"weights version {version} is not newer than {self._weights[2]}", fix="increase the version"
+        current = self._weights[2]
+        if version <= current:
+            raise WeightUpdateError(
+                f"weights version {version} goes backwards: the engines already have version {current}",
+                fix=f"pass a version greater than {current} (e.g. the optimizer step count)",
+                version=version,
+                current=current,
             )
+        data: bytes | None = None
+        path: str | None = None
         if isinstance(weights, str | Path):
             p = Path(weights)
             if p.is_dir():
                 files = sorted(p.glob("*.safetensors"))
                 if len(files) != 1:
-                    raise UserInputError(
+                    raise WeightUpdateError(
                         f"{p} must hold exactly one .safetensors file", fix="pass the file itself"
                     )
                 p = files[0]
-            self._weights = (None, str(p), version)
+            if not p.is_file():
+                raise WeightUpdateError(f"weights file {p} does not exist", fix="pass an existing path")
+            got = header_shapes(p)
+            path = str(p)
+        elif isinstance(weights, bytes):
+            got = header_shapes(weights)
+            data = weights
         else:
-            data = weights if isinstance(weights, bytes) else weights_to_bytes(weights)
-            self._weights = (ray.put(data), None, version)
+            got = state_dict_shapes(weights)
+        if self._expected_shapes is None:
+            self._expected_shapes = await asyncio.to_thread(checkpoint_shapes, self.config.engine.model) or {}
+        if self._expected_shapes:
+            check_shapes(self._expected_shapes, got)
+        else:
+            log.info("model %s is no local folder: update shapes not checked", self.config.engine.model)
+        await self.start()
+        if data is None and path is None:
+            data = weights_to_bytes(weights)  # type: ignore[arg-type]  # a state dict here
+        self._weights = (ray.put(data) if data is not None else None, path, version)
         return await self.ctl.update_weights(version)
 
     async def switch_roles(self, roles: Mapping[str, Any]) -> None:

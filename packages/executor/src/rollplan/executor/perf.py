@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rollplan.models import GpuKind, ModelSpec, gpu_kind, model_spec
 from rollplan.models.perf import PerfModel, PerfProvider
+from rollplan.models.perf.base import check_step_args
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,17 @@ class MeasuredPerfModel:
     def prefill_time(self, prompt_tokens: Sequence[int], cached_tokens: Sequence[int] | None = None) -> float:
         n = float(sum(prompt_tokens))
         return 0.0 if n <= 0 else self.prefill_fixed + self.prefill_per_token * n
+
+    def step_time(
+        self, prefill_tokens: int, prefill_context: int, decode_seqs: int, decode_kv_tokens: float
+    ) -> float:
+        """A mixed step: the decode step plus the chunk's per-token prefill cost (the fixed per-step cost
+        is paid once); decode-only and prefill-only steps equal ``decode_step_time``/``prefill_time``."""
+        check_step_args(prefill_tokens, prefill_context, decode_seqs, decode_kv_tokens)
+        if decode_seqs <= 0:
+            return self.prefill_time([prefill_tokens], [prefill_context])
+        decode = self.decode_step_time(decode_seqs, decode_kv_tokens / decode_seqs)
+        return decode + (self.prefill_per_token * prefill_tokens if prefill_tokens > 0 else 0.0)
 
     def decode_step_time(self, batch: int, kv_tokens: float) -> float:
         if batch <= 0:
