@@ -13,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): $(SETUP_INPUTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e packages/models -e packages/solver -e packages/sim -e 'packages/executor[cpu]' -r requirements-dev.txt
+	$(PY) -m pip install -q -e packages/models -e packages/solver -e packages/sim -e 'packages/executor[cpu,trl]' -r requirements-dev.txt
 	@# The CPU vLLM build pulls CUDA-built torchvision/torchaudio/torchcodec and triton: they break
 	@# `import transformers` and are unused on CPU (see ../shared/notes/REAL_ENGINES_ON_CPU.md).
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
