@@ -4,8 +4,10 @@ measured perf model, engine settings, the tiny model builder, the CLI registrati
 Invariants checked with hypothesis:
 - lifecycle: a transition happens iff the table allows it; otherwise ``IllegalTransitionError`` and the
   state is unchanged; STOPPED is absorbing; the error survives pickling (it crosses Ray).
-- prediction: every estimate is finite and >= 0; remaining decode tokens never exceed the budget left;
-  with finished siblings of total T, a sibling that made g < T tokens is predicted T - g (one sibling).
+- prediction (the controller through the decision core's ``rollplan.policy.Predictor``): every estimate is
+  finite and >= 0; remaining decode tokens never exceed the item's budget left; with a finished sibling of
+  total T, a sibling that made g < T tokens is predicted T - g; a prompt seen in an earlier batch is
+  predicted from that history in the next.
 - fallback plan: every unfinished trajectory is placed on a slot without a deadline (when one exists);
   actions come in ``ACTION_ORDER``; every slot with a deadline is returned.
 """
@@ -28,7 +30,6 @@ from rollplan.executor.controller import Controller, fallback_plan
 from rollplan.executor.lifecycle import TRANSITIONS, EngineStatus, Lifecycle
 from rollplan.executor.perf import MeasuredPerfModel, from_profile_records, measured_provider
 from rollplan.executor.pool import SlotRuntime
-from rollplan.executor.prediction import GroupPredictor, Progress, Totals
 from rollplan.models import (
     ACTION_ORDER,
     ClusterSnapshot,
@@ -85,49 +86,63 @@ def test_only_serving_accepts_requests() -> None:
 
 
 # -- prediction ----------------------------------------------------------------------------------------------
-def _progress(
-    group: str = "g", g: int = 0, turns_done: int = 0, max_turns: int = 4, per_turn: int = 32
-) -> Progress:
-    return Progress(group, g, 0, 0.0, turns_done, max_turns, per_turn)
+def _controller() -> Controller:
+    return Controller(ExecutorConfig(engine=EngineConfig(model="unused"), clock=lambda: 0.0), plan_fn=None)
 
 
-totals = st.builds(
-    Totals,
-    decode_tokens=st.floats(0, 500),
-    prefill_tokens=st.floats(0, 200),
-    tool_seconds=st.floats(0, 30),
-    turns=st.floats(1, 8),
-)
+def _run(rid: str, group: str = "g", generated: int = 0, turn: int = 0, max_turns: int = 4,
+         per_turn: int = 32) -> TrajectoryRun:
+    item = RolloutItem(rid, (1, 2, 3), group=group, max_turns=max_turns, sampling=SamplingConfig(max_tokens=per_turn))
+    return TrajectoryRun(item=item, prompt_ids=[1, 2, 3], context=[1, 2, 3], generated=generated, turn=turn)
 
 
+def _finish(ctl: Controller, run: TrajectoryRun, tokens: int, turns: int = 3) -> None:
+    """``run`` finished after ``turns`` turns that generated ``tokens`` tokens in all (a real result record)."""
+    from rollplan.executor.agent import TrajectoryResult, TurnRecord
+
+    sizes = [tokens // turns + (1 if i < tokens % turns else 0) for i in range(turns)]
+    recs = tuple(TurnRecord(i, 3, (7,) * n, None, "stop", ("a/0",), None, 0, 0, 0.0, 0.0, 0.0)
+                 for i, n in enumerate(sizes))
+    ids = (1, 2, 3, *(x for r in recs for x in r.token_ids))
+    ctl.trajectory_finished(run, TrajectoryResult(run.id, run.group, "done", ids, 3, recs, 0.0, 1.0))
+
+
+@settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.tuples(st.sampled_from(["g0", "g1", "g2"]), totals), max_size=8),
+    st.lists(st.tuples(st.sampled_from(["g0", "g1", "g2"]), st.integers(1, 400)), max_size=6),
     st.sampled_from(["g0", "g1", "g9"]),
     st.integers(0, 200),
     st.integers(0, 4),
 )
 def test_prediction_estimates_are_finite_and_bounded(obs, group, made, turns_done) -> None:
-    pred = GroupPredictor()
-    for g, t in obs:
-        pred.observe(g, t)
-    p = Progress(group, made, 0, 0.0, turns_done, 4, 64)
-    out = pred.predict(p)
+    ctl = _controller()
+    ctl.start_batch()
+    for k, (g, tokens) in enumerate(obs):
+        _finish(ctl, _run(f"done{k}", g), tokens)
+    made = min(made, 4 * 64)
+    out = ctl.predict(_run("x", group, generated=made, turn=turns_done, per_turn=64))
     for est in (out.decode, out.prefill, out.tool, out.turns):
         assert math.isfinite(est.mean) and est.mean >= 0 and math.isfinite(est.spread) and est.spread >= 0
     assert out.decode.mean <= max(4 * 64 - made, 1)
 
 
-@given(st.integers(1, 120), st.data())
-def test_first_finished_sibling_predicts_the_rest(total: int, data) -> None:
-    pred = GroupPredictor()
-    assert pred.predict(_progress(per_turn=64)).source == "prior"
-    pred.observe("g", Totals(float(total), 10.0, 1.0, 3.0))
-    made = data.draw(st.integers(0, total - 1))
-    out = pred.predict(_progress(g=made, per_turn=64))
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 120), st.data())
+def test_first_finished_sibling_predicts_the_rest_and_history_carries_over(total: int, data) -> None:
+    ctl = _controller()
+    ctl.start_batch()
+    assert ctl.predict(_run("a", per_turn=64)).source == "default"  # the item's budget prior
+    _finish(ctl, _run("b", per_turn=64), total)
+    made = data.draw(st.integers(0, total // 2))  # well before the end (past it, the survival rule applies)
+    out = ctl.predict(_run("c", generated=made, per_turn=64))
     assert out.source == "group"
     assert out.decode.mean == pytest.approx(total - made)
-    # Another group has no finished sibling: the batch mean stands in.
-    assert pred.predict(_progress(group="other", per_turn=64)).source == "batch"
+    # Another prompt has no finished sibling: the mean over every finished trajectory stands in.
+    assert ctl.predict(_run("d", group="other", per_turn=64)).source == "global"
+    # Next batch: the group restarts, the prompt's history predicts it.
+    ctl.start_batch()
+    nxt = ctl.predict(_run("e", per_turn=64))
+    assert nxt.source == "history" and nxt.decode.mean == pytest.approx(total)
 
 
 # -- fallback plan and snapshot ------------------------------------------------------------------------------

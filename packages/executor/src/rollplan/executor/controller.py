@@ -37,7 +37,6 @@ from typing import Any
 from rollplan.executor.agent import Route, TrajectoryResult, TrajectoryRun, TurnRecord
 from rollplan.executor.config import ExecutorConfig
 from rollplan.executor.pool import EngineHandle, SlotRuntime
-from rollplan.executor.prediction import GroupPredictor, Progress, Totals
 from rollplan.models import (
     ACTION_ORDER,
     Action,
@@ -52,6 +51,7 @@ from rollplan.models import (
     SolveStatus,
     Trajectory,
 )
+from rollplan.policy.predict import Predictor, Remaining, Totals
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,11 @@ class Controller:
         self.clock = config.clock
         self.slots: dict[str, SlotRuntime] = {}
         self.runs: dict[str, TrajectoryRun] = {}
-        self.predictor = GroupPredictor(prior_fraction=0.5)
+        # The decision core's predictor (the simulator's too): history by prompt across batches, Seer-style
+        # group update within one, each item's budget as its prior until something finishes.
+        self.predictor = Predictor()
+        self.batch = -1
+        self._first_prediction: dict[str, tuple[float, float]] = {}
         self.previous: Plan | None = None
         self.stats = ControllerStats()
         self.autoplan = True
@@ -251,19 +255,43 @@ class Controller:
 
     def trajectory_finished(self, run: TrajectoryRun, result: TrajectoryResult) -> None:
         if result.status != "failed":
+            decode = float(result.generated_tokens)
             self.predictor.observe(
-                run.group,
-                Totals(
-                    decode_tokens=float(result.generated_tokens),
-                    prefill_tokens=float(run.observation_tokens),
-                    tool_seconds=run.tool_seconds,
-                    turns=float(len(result.turns)),
-                ),
+                run.group, self._group_key(run),
+                Totals(decode=decode, prefill=float(run.observation_tokens), tool=run.tool_seconds,
+                       turns=float(len(result.turns))),
             )
+            first = self._first_prediction.pop(run.id, None)
+            if first is not None:
+                self.predictor.spreads.add(first[0], first[1], decode)
         fut = self._migrations.pop(run.id, None)
         if fut is not None and not fut.done():
             fut.set_result(None)
         self._notify_routing()
+
+    # == prediction (rollplan.policy.predict) =================================================================
+    def start_batch(self) -> int:
+        """A new rollout batch: group statistics restart, the history by prompt carries over."""
+        self.batch += 1
+        self.predictor.start_batch(self.batch)
+        self._first_prediction = {}
+        return self.batch
+
+    def _group_key(self, run: TrajectoryRun) -> str:
+        return f"b{self.batch}:{run.group}"
+
+    def predict(self, run: TrajectoryRun) -> Remaining:
+        """``run``'s remaining work (a ``rollplan.policy.predict.Remaining``): the shared predictor, with the
+        item's budget as its prior and its cap. The first prediction of each run is kept for ``SpreadCheck``."""
+        item = run.item
+        budget = Totals(float(item.max_turns * item.sampling.max_tokens), 0.0, 0.0, float(item.max_turns))
+        done = Totals(float(run.generated), float(run.observation_tokens), run.tool_seconds, float(run.turn))
+        prior = Predictor.budget_prior(item.max_turns, item.sampling.max_tokens)
+        rem = Predictor.capped(self.predictor.remaining(run.group, self._group_key(run), done, prior=prior), done,
+                               budget)
+        if run.id not in self._first_prediction:
+            self._first_prediction[run.id] = (float(run.generated) + rem.decode.mean, rem.decode.spread)
+        return rem
 
     # == snapshot ===========================================================================================
     def snapshot(self) -> ClusterSnapshot:
@@ -294,18 +322,7 @@ class Controller:
             if r.phase is Phase.DONE:
                 trajs.append(Trajectory(r.id, r.group, Phase.DONE, len(r.context), slot=home))
                 continue
-            p = self.predictor.predict(
-                Progress(
-                    group=r.group,
-                    decode_tokens=r.generated,
-                    prefill_tokens=r.observation_tokens,
-                    tool_seconds=r.tool_seconds,
-                    turns_done=r.turn,
-                    max_turns=r.item.max_turns,
-                    max_tokens_per_turn=r.item.sampling.max_tokens,
-                    in_turn_tokens=len(r.partial),
-                )
-            )
+            p = self.predict(r)
             trajs.append(
                 Trajectory(
                     id=r.id,

@@ -41,7 +41,6 @@ from rollplan.executor.config import ExecutorConfig
 from rollplan.executor.controller import Controller, PlanFn
 from rollplan.executor.perf import measured_provider
 from rollplan.executor.pool import SlotRuntime
-from rollplan.executor.prediction import GroupPredictor
 from rollplan.executor.weights import (
     LendError,
     Shapes,
@@ -250,7 +249,7 @@ class RolloutExecutor:
                 p = prompt_ids(it, self.tokenizer)
                 runs.append(TrajectoryRun(item=it, prompt_ids=p, context=list(p)))
             ctl.runs = {r.id: r for r in runs}
-            ctl.predictor = GroupPredictor(prior_fraction=ctl.predictor.prior_fraction)
+            ctl.start_batch()
             loop = AgentLoop(ctl, self.tokenizer, max_model_len=self.config.engine.max_model_len)
             ctl.request_replan("rollout")
             envs = [env_factory(it) for it in batch]

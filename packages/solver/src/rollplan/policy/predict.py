@@ -214,11 +214,15 @@ class Predictor:
         tool = t_tool - tool_done if t_tool > tool_done else t_tool / n_turns * turns
         return dec, pre, tool, turns, sds
 
-    def remaining(self, key: str, group: str, done: Totals, floor: Totals | None = None) -> Remaining:
+    def remaining(self, key: str, group: str, done: Totals, floor: Totals | None = None,
+                  prior: Totals | None = None) -> Remaining:
         """Remaining work of a trajectory that has observably done ``done`` so far. ``floor``: what the most
         advanced unfinished sibling has done; until a sibling finishes, the group is predicted to run at least
-        ``1 + SURVIVAL`` times that (group survival)."""
+        ``1 + SURVIVAL`` times that (group survival). ``prior``: this trajectory's own prior (e.g. its item's
+        ``budget_prior``), used instead of the predictor's while nothing has finished."""
         tot, sds, src = self._cached_total(key, group)
+        if prior is not None and src == "default":
+            tot = prior
         if floor is not None and src != "group" and floor.decode * (1.0 + SURVIVAL) > tot.decode:
             g = 1.0 + SURVIVAL
             tot = Totals(floor.decode * g, max(tot.prefill, tot.prefill / max(tot.decode, 1.0) * floor.decode * g),
