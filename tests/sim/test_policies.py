@@ -7,7 +7,7 @@ import pytest
 
 from rollplan.models.errors import UnknownNameError, UserInputError
 from rollplan.models.types import AvailabilityEvent, EventKind, Role, Slot, SlotSource
-from rollplan.sim.engine import SimConfig, SimTraj
+from rollplan.sim.engine import DECODING, SimConfig, SimTraj
 from rollplan.sim.lending import LendingConfig, LendMode
 from rollplan.sim.policies import (
     BULK_HEADROOM,
@@ -302,3 +302,49 @@ def test_policies_all_on_the_cli_and_best_other_include_elastic_plus(tmp_path, c
     best = max(("elastic-colocated", "elastic-plus"), key=lambda k: tps[k])
     assert row["best_other"] == {"policy": best, "tokens_per_s": tps[best]}
     assert row["rollplan_vs_best_other"] == round(tps["rollplan"] / tps[best], 4)
+
+
+class _OracleRollplan(RollplanPolicy):
+    """The rollplan policy, asking the decision core's generic ``choose_slot`` (rollplan.policy.dispatch) the
+    same question before every admission the simulator's inlined loop answers, on the same slot loads."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.compared = 0
+        self.mismatches: list[tuple[int, int | None, object]] = []
+
+    def choose_slot(self, sim, j):
+        from rollplan.policy.dispatch import SlotLoad, choose_slot
+
+        t = sim.trajs[j]
+        crit = self._critical()
+        crit_slots = self._critical_slots(sim, crit)
+
+        def load(s) -> SlotLoad:
+            return SlotLoad(s.idx, s.kv_cap, s.kv_free, s.watermark, s.n_res, sim.prefix_bonus(s, t),
+                            s.idx in crit_slots)
+
+        pref = None
+        if t.preferred >= 0:
+            s = sim.slots[t.preferred]
+            if s.present and s.role in DECODING and s.ready_at <= sim.now:
+                pref = load(s)
+        want = choose_slot(sim.need_new(t), [load(s) for s in self.candidates(sim)], preferred=pref,
+                           critical=j in crit, bulk_bound=self._bulk_bound, headrooms=self.headrooms)
+        got = super().choose_slot(sim, j)
+        self.compared += 1
+        if got != want:
+            self.mismatches.append((j, got, want))
+        return got
+
+
+def test_simulator_admission_is_the_decision_cores() -> None:
+    # Oracle: on every admission of two small replays (both regimes), the simulator's inlined choice is what
+    # the decision core's generic rule picks from the same loads.
+    for seed in (5, 11):
+        src = BatchSource.dataset(builtin_bases(seed, prompts=24), groups=12, samples=8, seed=seed, max_context=40960)
+        sc = Scenario("oracle", src, dedicated=3, max_batches=2, warmup_batches=2, sim=SimConfig(mem_util=0.5),
+                      replan_interval_s=60.0, seed=seed)
+        pol = _OracleRollplan()
+        assert run_policy(sc, pol).summary["trajectories_completed"] == 2 * 96
+        assert pol.compared > 100 and not pol.mismatches, pol.mismatches[:5]

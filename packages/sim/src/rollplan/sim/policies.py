@@ -38,6 +38,19 @@ from typing import TYPE_CHECKING, Any
 
 from rollplan.models.errors import UnknownNameError, UserInputError
 from rollplan.models.types import EngineState, Role, SlotSource
+from rollplan.policy.dispatch import (
+    BULK_HEADROOM,
+    BULK_SHARE,
+    CRITICAL_HEADROOM,
+    CRITICAL_SHARE,
+    DISPATCH_Z,
+    KV_HEADROOM,
+    Headrooms,
+    critical_set,
+    is_bulk_bound,
+    pessimistic_path,
+    required_room,
+)
 from rollplan.sim.engine import DECODING
 
 if TYPE_CHECKING:
@@ -267,51 +280,8 @@ class FormulaPD(BasePolicy):
             sim.migrate(j, dst.idx, by_kv=True)
 
 
-KV_HEADROOM = 0.3
-"""Share of a slot's KV the rollplan policy keeps free when admitting a new trajectory (``choose_slot``), on
-top of the KV its residents hold, those in tool calls included: the default, on slots that host no
-predicted-critical trajectory while the batch is bound by its critical path (``BULK_HEADROOM`` and
-``CRITICAL_HEADROOM`` are the other two). Chosen on the bench's two Bamboo traces (``rollplan bench replay``,
-rollplan's throughput, 0.05 to 0.5 tried as one headroom for every slot): 0.3 gave the best mean of the two.
-Much less packs slots, so residents coming back from a tool call are preempted and re-prefill, and the
-longest trajectories decode beside more co-residents. Pass ``kv_headroom=0`` to ``make_policy("rollplan",
-...)`` for the engine's watermark alone (no headroom anywhere)."""
-BULK_HEADROOM = 0.1
-"""The headroom, while the latest plan finds the batch bound by its bulk (``BULK_SHARE``), on slots that host
-no predicted-critical trajectory, for a trajectory that is not one. Then the batch ends when the bulk's work
-is done, so packing the bulk's slots tighter (more trajectories decoding at once) is worth more than its
-trajectories' own speed; while the batch is bound by its longest trajectories, a tighter bulk only finishes
-earlier and waits. Chosen on the bench's Bamboo traces (0, 0.05, 0.1 and 0.2 tried; ad-hoc script): on g4dn,
-where the preemptible GPUs are fewer, one headroom of 0.3 everywhere left the bulk short of KV in the batches
-its bulk bounds; p3 moved by under 0.2%."""
-CRITICAL_HEADROOM = 0.85
-"""The headroom, while the latest plan finds the batch bound by its critical path, on a slot that hosts a
-predicted-critical trajectory (``CRITICAL_SHARE``), and for admitting one anywhere. Fewer co-residents make
-its decode steps faster: the batch's longest trajectories decoded 1.3-1.8x slower than alone beside the bulk.
-Never more than an empty slot could leave after admitting the trajectory (see ``RollplanPolicy.choose_slot``).
-Chosen on the bench's traces with ``BULK_SHARE`` (0.65, 0.75, 0.8, 0.85 and 0.9 tried; ad-hoc script; see
-docs/simulator.md): with ``BULK_SHARE`` 0.8, 0.85 gave the best throughput on Bamboo p3, and 0.9 left too few
-trajectories beside the critical ones. With ``BULK_SHARE`` 1 (the previous rule; that sweep applied the
-critical headroom in every phase), more than 0.65 cost g4dn throughput."""
-BULK_SHARE = 0.8
-"""The latest plan finds the batch bound by its bulk when its work/capacity bound is at least this share of the
-largest pessimistic remaining critical path (``DISPATCH_Z``). The work bound has every GPU decode at full
-speed with no headroom, prefill or tool wait; the bulk runs slower than that (while the batch is bound by its
-critical path, its GPUs keep ``KV_HEADROOM`` free), so a batch whose work bound is a little under its critical
-path is in fact bound by both. Chosen with ``CRITICAL_HEADROOM`` on the bench's traces (1, 0.85, 0.8, 0.75
-and 0.7 tried; ad-hoc script): lower shares move more batches into the bulk-bound regime, raising throughput
-on Bamboo p3 and the last-10% share with it."""
-CRITICAL_SHARE = 0.85
-"""A trajectory is predicted-critical when its pessimistic remaining critical path (see ``DISPATCH_Z``) is at
-least this share of the largest one of the batch's unfinished trajectories (0.5, 0.7 and 0.85 tried)."""
-DISPATCH_Z = 1.77
-"""Pending trajectories are dispatched by a pessimistic remaining critical path: predicted mean + ``DISPATCH_Z``
-spreads (of decode tokens and tool seconds, from the samples behind the prediction). 1.77 is about the
-expected largest of 16 standard normal samples: of a prompt's samples the longest decides when the group is
-done, so prompts whose lengths vary a lot start early. The plain mean let trajectories predicted short (but
-long) start late in throughput-bound batches of the bench's Bamboo p3 replay and finish last."""
-
-
+# The dispatch and admission constants and rules live in the decision core (rollplan.policy.dispatch, where
+# their docstrings say what they mean); re-exported here for the policies below and their callers.
 _NO_SLOTS: frozenset[int] = frozenset()
 
 
@@ -376,10 +346,11 @@ class RollplanPolicy(BasePolicy):
         self.time_limit = time_limit
         self.switch_weight = switch_weight
         self.deterministic = deterministic
+        # The decision core's admission rule (rollplan.policy.dispatch); kv_headroom = 0: no headroom rule at
+        # all (the engine's watermark alone).
+        self.headrooms = Headrooms(kv_headroom, bulk_headroom, critical_headroom)
         self.kv_headroom = kv_headroom
-        # kv_headroom = 0: no headroom rule at all (the engine's watermark alone).
-        self.bulk_headroom = min(bulk_headroom, kv_headroom)
-        self.critical_headroom = max(critical_headroom, kv_headroom) if kv_headroom > 0 else 0.0
+        self.critical_headroom, self.bulk_headroom = self.headrooms.levels(False)[0], self.headrooms.levels(True)[1]
         self.bulk_share = bulk_share
         # Predicted-critical trajectories (``CRITICAL_SHARE``): None = recompute from ``_cp`` when next needed;
         # their slots, cached for one instant (``_crit_slots_at``).
@@ -429,7 +400,7 @@ class RollplanPolicy(BasePolicy):
             rem = self.predictor.remaining_raw(t.key, t.group, dec, pf_done, tool, turns, f[0], f[1], f[2])
         a = self._a_ref
         sds = rem[4]
-        self._cp[j] = rem[0] * a + rem[2] + DISPATCH_Z * (sds[0] * a + sds[2])
+        self._cp[j] = pessimistic_path(rem[0], sds[0], rem[2], sds[2], a)
         return rem
 
     def snapshot(self, sim: Simulator) -> Any:
@@ -578,7 +549,7 @@ class RollplanPolicy(BasePolicy):
         # (the same mean + DISPATCH_Z spreads the dispatch order uses; the plan's own critical-path bound uses
         # the means, which the longest of a group's samples exceeds).
         cp_max = max(self._cp.values(), default=0.0)
-        self._bulk_bound = plan.bounds.get(BOUND_WORK, 0.0) >= self.bulk_share * cp_max
+        self._bulk_bound = is_bulk_bound(plan.bounds.get(BOUND_WORK, 0.0), cp_max, self.bulk_share)
         index = sim.slot_index
         by_id = {t.spec.id: t for t in sim.trajs}
         # 1. Slots that will decode: bring them up first (their engines start now).
@@ -640,8 +611,8 @@ class RollplanPolicy(BasePolicy):
         """The predicted-critical trajectories (``CRITICAL_SHARE``), recomputed from ``_cp`` when reset."""
         if self._crit is None:
             cp = self._cp
-            self._cp_max = top = max(cp.values(), default=0.0)
-            self._crit = {j for j, v in cp.items() if v >= CRITICAL_SHARE * top}
+            self._cp_max = max(cp.values(), default=0.0)
+            self._crit = critical_set(cp, CRITICAL_SHARE)
             self._crit_slots_at = -1.0
         return self._crit
 
@@ -676,20 +647,16 @@ class RollplanPolicy(BasePolicy):
         t = sim.trajs[j]
         need = sim.need_new(t)
         crit = self._critical()
-        if self._bulk_bound:  # critical GPUs at the default headroom, the others at the bulk's
-            hi, lo = self.kv_headroom, self.bulk_headroom
-        else:  # critical GPUs at the critical headroom, the others at the default
-            hi, lo = self.critical_headroom, self.kv_headroom
+        hi, lo = self.headrooms.levels(self._bulk_bound)  # (critical GPUs', the others')
         if j in crit:
             lo, crit_slots = hi, _NO_SLOTS  # a critical trajectory: the critical GPUs' headroom everywhere
         else:
             crit_slots = self._critical_slots(sim, crit)
         if t.preferred >= 0:
             s = sim.slots[t.preferred]
-            hc = (hi if s.idx in crit_slots else lo) * s.kv_cap
             room = s.kv_free - s.watermark + sim.prefix_bonus(s, t) - need
             if (s.present and s.role in DECODING and s.ready_at <= sim.now
-                    and room >= min(hc, max(0, s.kv_cap - s.watermark - need))):
+                    and room >= required_room(hi if s.idx in crit_slots else lo, s.kv_cap, s.watermark, need)):
                 return self._admit(j, s.idx, crit)
         # Hot (every dispatch attempt, over tens of slots): the test above inlined. ``prefix_bonus`` is at
         # most t.share, so most slots are rejected without the group lookup.
@@ -697,9 +664,10 @@ class RollplanPolicy(BasePolicy):
         best = None
         best_n = best_free = 0
         for s in self.candidates(sim):
-            hc = (hi if s.idx in crit_slots else lo) * s.kv_cap
             room = s.kv_free - s.watermark - need
-            if hc > s.kv_cap - s.watermark - need:  # no headroom an empty GPU could not give (j must fit somewhere)
+            # rollplan.policy.dispatch.required_room, inlined (hot): never more than an empty GPU could give.
+            hc = (hi if s.idx in crit_slots else lo) * s.kv_cap
+            if hc > s.kv_cap - s.watermark - need:
                 hc = max(0, s.kv_cap - s.watermark - need)
             if room < hc:
                 if room + share < hc:
@@ -852,6 +820,12 @@ def parse_policies(text: str) -> tuple[str, ...]:
 
 
 __all__ = [
+    "BULK_HEADROOM",
+    "BULK_SHARE",
+    "CRITICAL_HEADROOM",
+    "CRITICAL_SHARE",
+    "DISPATCH_Z",
+    "KV_HEADROOM",
     "POLICY_NAMES",
     "BasePolicy",
     "ElasticColocated",

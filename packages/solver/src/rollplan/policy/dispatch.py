@@ -1,0 +1,208 @@
+"""Dispatch order and admission: which waiting trajectory starts next, and on which slot.
+
+Both adapters decide with these functions: the simulator's policies (``rollplan.sim.policies``: its hot path
+inlines ``required_room`` per slot and a test checks it picks what ``choose_slot`` picks) and the executor's
+controller (``rollplan.executor.controller``: every new trajectory waits in a ``DispatchQueue`` until a
+slot admits it). Callers: on every change of what could start (a trajectory queued or finished, a plan
+applied, a slot serving); each call is O(waiting x slots). Pure: no I/O, no clock.
+
+Notations (tokens unless said otherwise):
+
+  path_j      pessimistic remaining critical path of j (seconds): its predicted decode tokens times a
+              reference decode step plus its tool seconds, each plus ``DISPATCH_Z`` spreads
+  need_j      KV its next turn takes on a slot (context + this turn's new tokens)
+  cap_s       slot s's KV capacity;  free_s  what its residents leave (those in tool calls count as held)
+  wm_s        the engine's admission watermark (vLLM keeps it free for running requests)
+  bonus_js    prompt tokens of j a resident sibling already holds on s (prefix caching)
+  h           the admission headroom (share of cap_s to keep free after admitting j), by ``Headrooms``
+
+Admission: s admits j when ``free_s - wm_s + bonus_js - need_j >= min(h cap_s, max(0, cap_s - wm_s - need_j))``
+(``required_room``: never more than an empty slot could leave after j, so every j fits somewhere).
+Choice: the plan's slot for j when it admits j, else the admitting slot with the fewest residents, then the
+most free KV (``choose_slot``). Order: longest ``path_j`` first, first come first among equals; the head
+of the queue blocks the rest (an engine's FCFS admission), see ``DispatchQueue``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+DISPATCH_Z = 1.77
+"""Waiting trajectories are dispatched by a pessimistic remaining critical path: predicted mean + ``DISPATCH_Z``
+spreads (of decode tokens and tool seconds, from the samples behind the prediction). 1.77 is about the
+expected largest of 16 standard normal samples: of a prompt's samples the longest decides when the group is
+done, so prompts whose lengths vary a lot start early. The plain mean let trajectories predicted short (but
+long) start late in throughput-bound batches of the bench's Bamboo p3 replay and finish last."""
+
+KV_HEADROOM = 0.3
+"""Share of a slot's KV the rollplan policy keeps free when admitting a new trajectory, on top of the KV its
+residents hold, those in tool calls included: the default, on slots that host no predicted-critical
+trajectory while the batch is bound by its critical path (``BULK_HEADROOM`` and ``CRITICAL_HEADROOM`` are the
+other two). Chosen on the bench's two Bamboo traces (``rollplan bench replay``, rollplan's throughput, 0.05
+to 0.5 tried as one headroom for every slot): 0.3 gave the best mean of the two. Much less packs slots, so
+residents coming back from a tool call are preempted and re-prefill, and the longest trajectories decode
+beside more co-residents. ``Headrooms(default=0)``: the engine's watermark alone (no headroom anywhere)."""
+BULK_HEADROOM = 0.1
+"""The headroom, while the latest plan finds the batch bound by its bulk (``BULK_SHARE``), on slots that host
+no predicted-critical trajectory, for a trajectory that is not one. Then the batch ends when the bulk's work
+is done, so packing the bulk's slots tighter (more trajectories decoding at once) is worth more than its
+trajectories' own speed; while the batch is bound by its longest trajectories, a tighter bulk only finishes
+earlier and waits. Chosen on the bench's Bamboo traces (0, 0.05, 0.1 and 0.2 tried; ad-hoc script): on g4dn,
+where the preemptible GPUs are fewer, one headroom of 0.3 everywhere left the bulk short of KV in the batches
+its bulk bounds; p3 moved by under 0.2%."""
+CRITICAL_HEADROOM = 0.85
+"""The headroom, while the latest plan finds the batch bound by its critical path, on a slot that hosts a
+predicted-critical trajectory (``CRITICAL_SHARE``), and for admitting one anywhere. Fewer co-residents make
+its decode steps faster: the batch's longest trajectories decoded 1.3-1.8x slower than alone beside the bulk.
+Never more than an empty slot could leave after admitting the trajectory (``required_room``). Chosen on the
+bench's traces with ``BULK_SHARE`` (0.65, 0.75, 0.8, 0.85 and 0.9 tried; ad-hoc script; see
+docs/simulator.md): with ``BULK_SHARE`` 0.8, 0.85 gave the best throughput on Bamboo p3, and 0.9 left too few
+trajectories beside the critical ones."""
+BULK_SHARE = 0.8
+"""The latest plan finds the batch bound by its bulk when its work/capacity bound is at least this share of the
+largest pessimistic remaining critical path (``DISPATCH_Z``). The work bound has every GPU decode at full
+speed with no headroom, prefill or tool wait; the bulk runs slower than that, so a batch whose work bound is
+a little under its critical path is in fact bound by both. Chosen with ``CRITICAL_HEADROOM`` on the bench's
+traces (1, 0.85, 0.8, 0.75 and 0.7 tried; ad-hoc script)."""
+CRITICAL_SHARE = 0.85
+"""A trajectory is predicted-critical when its pessimistic remaining critical path (see ``DISPATCH_Z``) is at
+least this share of the largest one of the batch's unfinished trajectories (0.5, 0.7 and 0.85 tried)."""
+
+
+def pessimistic_path(decode: float, decode_spread: float, tool: float, tool_spread: float, step_s: float,
+                     z: float = DISPATCH_Z) -> float:
+    """``path_j`` (seconds): remaining decode tokens at ``step_s`` seconds a step plus tool seconds, each with
+    ``z`` spreads added."""
+    return decode * step_s + tool + z * (decode_spread * step_s + tool_spread)
+
+
+def critical_set(paths: Mapping[K, float], share: float = CRITICAL_SHARE) -> set[K]:
+    """The predicted-critical trajectories: ``path_j >= share * max_k path_k``."""
+    top = max(paths.values(), default=0.0)
+    return {k for k, v in paths.items() if v >= share * top}
+
+
+def is_bulk_bound(work_bound: float, max_path: float, share: float = BULK_SHARE) -> bool:
+    """Whether the plan finds the batch bound by its bulk: its work/capacity bound reaches ``share`` of the
+    largest pessimistic critical path."""
+    return work_bound >= share * max_path
+
+
+@dataclass(frozen=True, slots=True)
+class Headrooms:
+    """The admission headroom by regime and slot (see the constants). ``default == 0``: no headroom anywhere
+    (vLLM's admission: the watermark alone)."""
+
+    default: float = KV_HEADROOM
+    bulk: float = BULK_HEADROOM
+    critical: float = CRITICAL_HEADROOM
+
+    def levels(self, bulk_bound: bool) -> tuple[float, float]:
+        """(headroom on slots hosting a predicted-critical trajectory, on the others):
+
+        ==================  ======================  ======================
+        batch bound by      slot hosts a critical   other slots
+        ==================  ======================  ======================
+        critical path       ``critical``            ``default``
+        bulk                ``default``             ``bulk``
+        ==================  ======================  ======================
+        """
+        if self.default <= 0:
+            return 0.0, 0.0
+        lo = min(self.bulk, self.default)
+        hi = max(self.critical, self.default)
+        return (self.default, lo) if bulk_bound else (hi, self.default)
+
+
+def required_room(headroom: float, kv_cap: float, watermark: float, need: float) -> float:
+    """KV a slot must still have free after admitting a trajectory of ``need`` tokens: ``headroom`` of its
+    capacity, but never more than an empty slot would leave (``max(0, cap - watermark - need)``)."""
+    return min(headroom * kv_cap, max(0.0, kv_cap - watermark - need))
+
+
+@dataclass(frozen=True, slots=True)
+class SlotLoad:
+    """What admission reads of one slot that takes new work now (serving, decoding, not being returned).
+    ``key``: the adapter's slot handle; ``bonus``: prompt tokens of the trajectory being placed that a
+    resident sibling holds there; ``hosts_critical``: a predicted-critical trajectory resides there."""
+
+    key: Hashable
+    kv_cap: int
+    kv_free: int
+    watermark: int
+    residents: int
+    bonus: int = 0
+    hosts_critical: bool = False
+
+    def room_after(self, need: int) -> int:
+        return self.kv_free - self.watermark + self.bonus - need
+
+
+def admits(slot: SlotLoad, need: int, headroom: float) -> bool:
+    """Whether ``slot`` admits a trajectory of ``need`` tokens under ``headroom`` (module docstring)."""
+    return slot.room_after(need) >= required_room(headroom, slot.kv_cap, slot.watermark, need)
+
+
+def choose_slot(need: int, candidates: Sequence[SlotLoad], *, preferred: SlotLoad | None = None,
+                critical: bool = False, bulk_bound: bool = False,
+                headrooms: Headrooms = Headrooms()) -> Hashable | None:
+    """The slot (its ``key``) a trajectory of ``need`` tokens starts on now, or None: ``preferred`` (the plan's
+    slot, when the adapter finds it serving) if it admits it, else the admitting candidate with the fewest
+    residents, then the most free KV (the first of equals). ``critical``: the trajectory is predicted-critical
+    (the critical slots' headroom applies everywhere)."""
+    hi, lo = headrooms.levels(bulk_bound)
+    if critical:
+        lo = hi
+
+    def headroom(s: SlotLoad) -> float:
+        return hi if s.hosts_critical else lo
+
+    if preferred is not None and admits(preferred, need, headroom(preferred)):
+        return preferred.key
+    best: SlotLoad | None = None
+    for s in candidates:
+        if not admits(s, need, headroom(s)):
+            continue
+        if best is None or s.residents < best.residents or (s.residents == best.residents and s.kv_free > best.kv_free):
+            best = s
+    return None if best is None else best.key
+
+
+class DispatchQueue(Generic[K]):
+    """Waiting trajectories, longest pessimistic path first (first queued first among equals). ``push`` again
+    to re-key; ``discard`` to drop. ``order()`` yields the queue's keys in dispatch order without removing
+    them (the caller stops at the first one no slot admits: the head blocks the rest)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, K]] = []
+        self._live: dict[K, tuple[float, int]] = {}
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._live
+
+    def push(self, key: K, path: float) -> None:
+        old = self._live.get(key)
+        seq = old[1] if old is not None else self._seq
+        if old is None:
+            self._seq += 1
+        self._live[key] = (path, seq)
+        heapq.heappush(self._heap, (-path, seq, key))
+
+    def discard(self, key: K) -> None:
+        self._live.pop(key, None)
+
+    def order(self) -> Iterator[K]:
+        valid = [(p, s, k) for p, s, k in self._heap if self._live.get(k) == (-p, s)]
+        heapq.heapify(valid)
+        self._heap = valid[:]
+        while valid:
+            yield heapq.heappop(valid)[2]
