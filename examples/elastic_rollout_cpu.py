@@ -1,6 +1,6 @@
 """Elastic agentic rollout on real vLLM CPU engines over a local multi-node Ray cluster (loopback).
 
-    .venv/bin/python examples/elastic_rollout_cpu.py [--trajectories 48] [--cheap-start]
+    .venv/bin/python examples/elastic_rollout_cpu.py [--trajectories 48] [--cheap-start] [--policy elastic-plus]
 
 Builds the tiny model, starts a Ray cluster on this machine (head + three nodes with one slot each + one
 training node that can lend its slot), starts engines on the three slots, and runs a multi-turn rollout
@@ -8,8 +8,10 @@ with a toy tool env while an availability trace is replayed against the cluster 
 at 1 s training lends its slot (until 120 s), at 2 s node b is preempted without notice (removed), at
 2.5 s a node arrives, at 5 s training reclaims its slot (deadline 8 s). The planner decides what to do at
 each event (``--cheap-start`` tells it engine starts cost 0.5 s instead of the measured tens of seconds,
-so it puts engines on the new capacity). Prints one JSON object: trajectories total / done / failed /
-lost / duplicated, re-plans, actions applied by kind with their mean latency, tokens/s. Stops everything.
+so it puts engines on the new capacity). ``--policy``: the decision core's policy the controller runs
+(rollplan: the planner, its placement and the core's admission; elastic-plus: no planner, every slot MIXED,
+vLLM's admission). Prints one JSON object: the policy, trajectories total / done / failed / lost /
+duplicated, re-plans, actions applied by kind with their mean latency, tokens/s. Stops everything.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ SLOT = "rollplan_slot"
 LEND = "rollplan_lent_slot"
 
 
-async def scenario(cluster, nodes: dict, model: Path, kv_dir: Path, n: int, cheap_start: bool) -> dict:
+async def scenario(cluster, nodes: dict, model: Path, kv_dir: Path, n: int, cheap_start: bool,
+                   policy: str = "rollplan") -> dict:
     from rollplan.executor.config import EngineConfig, ExecutorConfig, KVConnectorConfig
     from rollplan.executor.executor import RolloutExecutor
     from rollplan.executor.perf import measured_provider
@@ -46,6 +49,7 @@ async def scenario(cluster, nodes: dict, model: Path, kv_dir: Path, n: int, chea
         replan_interval=2.0,
         planner_time_limit=0.5,
         perf=perf,
+        policy=policy,
     )
     ex = RolloutExecutor(config)
     control = ClusterNodes(cluster, {SLOT: 1})
@@ -72,6 +76,8 @@ async def scenario(cluster, nodes: dict, model: Path, kv_dir: Path, n: int, chea
         stats = ex.stats()
         tokens = sum(r.generated_tokens for r in results)
         return {
+            "policy": policy,
+            "admissions": len(ex.ctl.admissions),
             "trajectories": {
                 "total": len(batch),
                 "done": sum(1 for r in results if r.ok),
@@ -101,6 +107,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trajectories", type=int, default=48)
     parser.add_argument("--cheap-start", action="store_true", help="plan with 0.5 s engine starts")
+    parser.add_argument("--policy", default="rollplan", choices=("rollplan", "elastic-plus"),
+                        help="the decision core's policy the controller runs")
     args = parser.parse_args()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -117,7 +125,7 @@ def main() -> int:
             nodes["lend"] = cluster.add_node(num_cpus=0, resources={LEND: 1})
             ray.init(address=cluster.address, log_to_driver=False)
             out = asyncio.run(
-                scenario(cluster, nodes, model, Path(tmp) / "kv", args.trajectories, args.cheap_start)
+                scenario(cluster, nodes, model, Path(tmp) / "kv", args.trajectories, args.cheap_start, args.policy)
             )
         finally:
             ray.shutdown()

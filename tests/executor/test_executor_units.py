@@ -290,3 +290,14 @@ def test_bench_executor_is_registered_without_importing_vllm() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "--profile-out" in out.stdout
+
+
+def test_unknown_executor_policy_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from rollplan.models.errors import UnknownNameError
+    from rollplan.solver.cli import main
+
+    with pytest.raises(UnknownNameError, match="elastic-plus"):
+        ExecutorConfig(engine=EngineConfig(model="unused"), policy="elastic")
+    assert main(["bench", "executor", "--policy", "elastic"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "To fix:" in err and "rollplan" in err

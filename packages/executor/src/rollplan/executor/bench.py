@@ -36,7 +36,8 @@ def _median(xs: list[float]) -> float | None:
 
 
 async def _bench(
-    model: Path, new_weights: Path, repeats: int, batches: list[int], kv_dir: Path, log: Callable[[str], None]
+    model: Path, new_weights: Path, repeats: int, batches: list[int], kv_dir: Path, log: Callable[[str], None],
+    policy: str = "rollplan", rollout_trajectories: int = 32,
 ) -> tuple[dict, list[dict]]:
     from safetensors.torch import load_file
 
@@ -48,6 +49,9 @@ async def _bench(
             model=str(model), connector=KVConnectorConfig(kind="example", storage_path=str(kv_dir))
         ),
         slot_resource=SLOT,
+        policy=policy,
+        replan_interval=2.0,
+        planner_time_limit=0.5,
     )
     ex = RolloutExecutor(cfg)
     profile: list[dict] = []
@@ -179,6 +183,27 @@ async def _bench(
             profile.append({"phase": "decode", "batch": bsz, "kv_tokens": 64 + n_dec // 2, "seconds": step})
             steps.append({"batch": bsz, "prefill_s": pre, "decode_step_s": step})
         out["profile"] = steps
+
+        if rollout_trajectories:
+            from rollplan.executor.toy import ToyToolEnv, make_toy_batch
+
+            log(f"rollout under the {policy} policy")
+            ex.ctl.autoplan = True
+            batch = make_toy_batch(rollout_trajectories, group_size=4, max_tokens=32, turns=(2, 4), prefix="bench")
+            t = time.perf_counter()
+            results = await ex.rollout(batch, ToyToolEnv)
+            wall = time.perf_counter() - t
+            tokens = sum(r.generated_tokens for r in results)
+            out["rollout"] = {
+                "policy": policy,
+                "trajectories": len(batch),
+                "done": sum(1 for r in results if r.ok),
+                "seconds": wall,
+                "tokens_per_s": tokens / wall if wall > 0 else None,
+                "admissions": len(ex.ctl.admissions),
+                "replans": ex.ctl.stats.replans,
+                "prediction_spreads": ex.ctl.predictor.spreads.summary(),
+            }
     finally:
         await ex.shutdown()
     return out, profile
@@ -190,8 +215,12 @@ def run_bench(
     batches: tuple[int, ...] = (1, 4, 16, 32),
     model: Path | None = None,
     log: Callable[[str], None] = lambda _m: None,
+    policy: str = "rollplan",
+    rollout_trajectories: int = 32,
 ) -> tuple[dict, list[dict]]:
-    """Start a local Ray instance with two slots, measure, stop everything. Returns (summary, profile)."""
+    """Start a local Ray instance with two slots, measure, then roll out ``rollout_trajectories`` toy
+    trajectories under ``policy`` (the decision core's, as the simulator runs it: a real A/B on the same
+    engines), stop everything. Returns (summary, profile)."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
@@ -207,7 +236,8 @@ def run_bench(
             ray.init(num_cpus=2, resources={SLOT: 2}, include_dashboard=False, log_to_driver=False)
         try:
             t = time.perf_counter()
-            out, profile = asyncio.run(_bench(base, new, repeats, list(batches), root / "kv", log))
+            out, profile = asyncio.run(_bench(base, new, repeats, list(batches), root / "kv", log, policy,
+                                              rollout_trajectories))
             out["wall_s"] = time.perf_counter() - t
         finally:
             if started_ray:

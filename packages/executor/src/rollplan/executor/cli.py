@@ -71,6 +71,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         model: Annotated[
             Path | None, typer.Option(help="A local model folder (default: build the tiny model).")
         ] = None,
+        policy: Annotated[
+            str, typer.Option("--policy", help="The decision core's policy for the final rollout: rollplan | elastic-plus.")
+        ] = "rollplan",
+        rollout: Annotated[
+            int, typer.Option("--rollout", min=0, help="Toy trajectories rolled out at the end under --policy (0: none).")
+        ] = 32,
     ) -> None:
         """Measure engine start, wake, weight sync, role switch and migration latencies on CPU engines."""
         try:
@@ -84,11 +90,18 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 str(model), "no config.json: not a model folder", fix="pass a Hugging Face model folder"
             )
         from rollplan.executor.bench import run_bench, write_profile
+        from rollplan.executor.config import EXECUTOR_POLICIES
+
+        if policy not in EXECUTOR_POLICIES:
+            from rollplan.models.errors import UnknownNameError
+
+            raise UnknownNameError("executor policy", policy, EXECUTOR_POLICIES)
 
         def log(msg: str) -> None:
             print(f"[bench executor] {msg}", file=sys.stderr, flush=True)
 
-        out, profile = run_bench(repeats=repeats, batches=sizes, model=model, log=log)
+        out, profile = run_bench(repeats=repeats, batches=sizes, model=model, log=log, policy=policy,
+                                 rollout_trajectories=rollout)
         if profile_out is not None:
             write_profile(profile_out, profile)
             out["profile_out"] = str(profile_out)

@@ -134,6 +134,10 @@ class EngineConfig:
         return kwargs
 
 
+EXECUTOR_POLICIES = ("rollplan", "elastic-plus")
+"""The decision core's policies the executor runs (``ExecutorConfig.policy``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ExecutorConfig:
     """Settings of a ``RolloutExecutor``.
@@ -152,6 +156,12 @@ class ExecutorConfig:
     sleep mode where the platform has it: weights offloaded, KV freed, the GPU's memory back to training;
     on CPU the engine only stops being routed to), so the next ``lend`` of that slot costs a wake and a
     weight sync instead of a cold start. Off by default: a stopped engine frees everything.
+    ``policy``: the decision core's policy the controller runs (``EXECUTOR_POLICIES``): "rollplan" (the
+    planner's roles, placement and moves; new trajectories admitted longest-predicted-first under the core's
+    headrooms) or "elastic-plus" (no planner: every slot MIXED, least-loaded placement, the same
+    longest-first order, vLLM's default admission), the simulator's policies of the same names.
+    ``admission``: new trajectories wait in the core's dispatch queue until a slot's KV admits them (off: every
+    trajectory is routed at once and the engines queue what they cannot fit).
     """
 
     engine: EngineConfig
@@ -176,4 +186,12 @@ class ExecutorConfig:
     max_replans_per_event: int = 3
     keep_lent_engines: bool = False
     prediction_prior_tokens: float = 64.0
+    policy: str = "rollplan"
+    admission: bool = True
     clock: Callable[[], float] = time.time
+
+    def __post_init__(self) -> None:
+        if self.policy not in EXECUTOR_POLICIES:
+            from rollplan.models.errors import UnknownNameError
+
+            raise UnknownNameError("executor policy", self.policy, EXECUTOR_POLICIES)

@@ -51,7 +51,17 @@ from rollplan.models import (
     SolveStatus,
     Trajectory,
 )
+from rollplan.policy.dispatch import (
+    DispatchQueue,
+    Headrooms,
+    SlotLoad,
+    choose_slot,
+    critical_set,
+    is_bulk_bound,
+    pessimistic_path,
+)
 from rollplan.policy.predict import Predictor, Remaining, Totals
+from rollplan.solver.bounds import BOUND_WORK
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +138,18 @@ class Controller:
         self.previous: Plan | None = None
         self.stats = ControllerStats()
         self.autoplan = True
-        self._plan_fn = plan_fn if plan_fn is not None else default_plan_fn()
+        # elastic-plus runs no planner: the fallback policy (every slot MIXED, least-loaded placement).
+        self._plan_fn = None if config.policy == "elastic-plus" else (plan_fn if plan_fn is not None else default_plan_fn())
+        # The decision core's dispatch (rollplan.policy.dispatch): new trajectories wait, longest pessimistic
+        # path first, until a slot's KV admits them; rollplan's headrooms, or vLLM's default for elastic-plus.
+        self.headrooms = Headrooms() if config.policy == "rollplan" else Headrooms(0.0)
+        self.waiting: DispatchQueue[str] = DispatchQueue()
+        self._admitted: dict[str, asyncio.Event] = {}
+        self.admissions: list[tuple[str, str]] = []  # (trajectory, slot), in admission order
+        self.kv_capacity: dict[str, int] = {}  # slot -> KV tokens its engine reported
+        self._reserved: dict[str, int] = {}  # trajectory -> KV its turn was admitted with
+        self._admission_pending = False
+        self._bulk_bound = False
         self._planner_config = planner_config
         self._weights_source = weights_source or (lambda: (None, None, 0))
         self._wake = asyncio.Event()
@@ -170,6 +191,111 @@ class Controller:
     def _notify_routing(self) -> None:
         ev, self._route_changed = self._route_changed, asyncio.Event()
         ev.set()
+        self._schedule_admission()
+
+    def _schedule_admission(self) -> None:
+        """Run ``admit_waiting`` once on the loop's next turn, however many trajectories queue or events
+        arrive before it: a batch's trajectories all queue first, then go in dispatch order (as the
+        simulator dispatches a batch), not in the order their loops happened to start."""
+        if self._admission_pending or not len(self.waiting):
+            return
+        self._admission_pending = True
+
+        def run() -> None:
+            self._admission_pending = False
+            self.admit_waiting()
+
+        asyncio.get_running_loop().call_soon(run)
+
+    # == dispatch and admission (rollplan.policy.dispatch) ====================================================
+    def path(self, run: TrajectoryRun) -> float:
+        """``run``'s pessimistic remaining critical path (its dispatch key), at the reference decode step of
+        the perf model of the slots' kind."""
+        rem = self.predict(run)
+        return pessimistic_path(rem.decode.mean, rem.decode.spread, rem.tool.mean, rem.tool.spread, self._step_s())
+
+    def _step_s(self) -> float:
+        perf = self.config.perf
+        try:
+            model = perf(self.config.gpu_kind, 1) if perf is not None else None
+            return float(model.decode_step_time(8, 1024.0)) if model is not None else 0.02
+        except Exception:  # a provider that does not know the kind: any positive step keeps the order
+            return 0.02
+
+    def _need(self, run: TrajectoryRun) -> int:
+        """KV tokens ``run``'s next turn takes: its context and this turn's predicted decode tokens (at most
+        the turn's budget)."""
+        rem = self.predict(run)
+        per_turn = rem.decode.mean / max(rem.turns.mean, 1.0)
+        return len(run.context) + len(run.partial) + int(min(run.item.sampling.max_tokens, max(per_turn, 1.0)))
+
+    def slot_loads(self, run: TrajectoryRun, critical: set[str]) -> tuple[list[SlotLoad], SlotLoad | None]:
+        """The admission view of every slot that takes new work now (serving, decoding, not about to be returned), and of
+        ``run``'s placement if it is one (rollplan: the plan's slot): capacity the engine reported (unknown: no
+        limit), KV held by the trajectories admitted there (each at least what its turn was admitted with;
+        rollplan counts those in tool calls as held, elastic-plus as vLLM does: evictable), residents, the
+        prompt a resident sibling holds, whether a predicted-critical trajectory is there. The simulator's
+        policies see the same quantities (``SlotState.kv_free``, ``Simulator.free_for_new``)."""
+        evictable = self.config.policy == "elastic-plus"
+        held: Counter = Counter()
+        count: Counter = Counter()
+        groups: dict[str, set[str]] = defaultdict(set)
+        crit_slots: set[str] = set()
+        for r in self.runs.values():
+            ev = self._admitted.get(r.id)
+            if r.phase is Phase.DONE or ev is None or not ev.is_set() or r.placement is None:
+                continue
+            count[r.placement] += 1
+            if not (evictable and r.phase is Phase.IN_TOOL):
+                held[r.placement] += max(len(r.context) + len(r.partial), self._reserved.get(r.id, 0))
+            groups[r.placement].add(r.group)
+            if r.id in critical:
+                crit_slots.add(r.placement)
+        loads: list[SlotLoad] = []
+        pref: SlotLoad | None = None
+        for s in self.slots.values():
+            # A slot whose return is imminent takes no new work (as ``route`` decides; the simulator's slots
+            # learn their return at the notice, the executor's lent slots from ``lend(until=...)``).
+            if self._decode_slot_ok(s.id) is None or not s.role.decodes:
+                continue
+            cap = self.kv_capacity.get(s.id, 1 << 40)
+            bonus = len(run.prompt_ids) if run.group in groups[s.id] else 0
+            load = SlotLoad(s.id, cap, cap - held[s.id], int(0.01 * cap) if s.id in self.kv_capacity else 0,
+                            count[s.id], bonus, s.id in crit_slots)
+            loads.append(load)
+            if s.id == run.placement and self._plan_fn is not None:
+                pref = load
+        return loads, pref
+
+    def admit_waiting(self) -> list[tuple[str, str]]:
+        """Admit waiting trajectories in dispatch order, each on the slot the core's ``choose_slot`` picks,
+        until one finds none (the head blocks). Returns the admissions made; each sets the trajectory's
+        placement. Called on every change of what could start (a trajectory queued or finished, a plan
+        applied, an engine serving)."""
+        if not len(self.waiting):
+            return []
+        paths = {r.id: self.path(r) for r in self.runs.values() if r.phase is not Phase.DONE}
+        critical = critical_set(paths) if self.headrooms.default > 0 else set()
+        made: list[tuple[str, str]] = []
+        for rid in list(self.waiting.order()):
+            run = self.runs.get(rid)
+            if run is None:
+                self.waiting.discard(rid)
+                continue
+            loads, pref = self.slot_loads(run, critical)
+            slot = choose_slot(self._need(run), loads, preferred=pref, critical=rid in critical,
+                               bulk_bound=self._bulk_bound, headrooms=self.headrooms)
+            if slot is None and loads and all(ld.residents == 0 for ld in loads):
+                slot = loads[0].key  # larger than any empty slot: the engine decides (truncates), never a hang
+            if slot is None:
+                break
+            self.waiting.discard(rid)
+            self._reserved[rid] = self._need(run)
+            run.placement = str(slot)
+            made.append((rid, str(slot)))
+            self.admissions.append((rid, str(slot)))
+            self._admitted[rid].set()
+        return made
 
     def request_replan(self, reason: str) -> None:
         self._reasons.append(reason)
@@ -191,8 +317,14 @@ class Controller:
         return min(cands, key=lambda s: (load[s.id], s.id))
 
     async def route(self, run: TrajectoryRun) -> Route:
-        """Where ``run`` generates next: its placement once that slot serves in a decoding role. Waits
-        (and asks for a re-plan) while it has no usable placement."""
+        """Where ``run`` generates next: its placement once that slot serves in a decoding role. A new
+        trajectory first waits in the dispatch queue until a slot admits it (``admit_waiting``). Waits (and
+        asks for a re-plan) while it has no usable placement."""
+        if self.config.admission and run.id not in self._admitted:
+            ev = self._admitted[run.id] = asyncio.Event()
+            self.waiting.push(run.id, self.path(run))
+            self._schedule_admission()
+            await ev.wait()
         waited = 0.0
         while True:
             s = self._decode_slot_ok(run.placement)
@@ -271,10 +403,14 @@ class Controller:
 
     # == prediction (rollplan.policy.predict) =================================================================
     def start_batch(self) -> int:
-        """A new rollout batch: group statistics restart, the history by prompt carries over."""
+        """A new rollout batch: group statistics restart, the history by prompt carries over; the dispatch
+        queue and the admissions restart."""
         self.batch += 1
         self.predictor.start_batch(self.batch)
         self._first_prediction = {}
+        self.waiting = DispatchQueue()
+        self._admitted = {}
+        self._reserved = {}
         return self.batch
 
     def _group_key(self, run: TrajectoryRun) -> str:
@@ -396,6 +532,9 @@ class Controller:
             plan = fallback_plan(snap, self.slots)
         self.stats.replans += 1
         self.stats.plan_seconds.append(time.perf_counter() - t)
+        if self.headrooms.default > 0:  # the regime the admission headrooms follow (rollplan.policy.dispatch)
+            paths = [self.path(r) for r in self.runs.values() if r.phase is not Phase.DONE]
+            self._bulk_bound = is_bulk_bound(plan.bounds.get(BOUND_WORK, 0.0), max(paths, default=0.0))
         self.stats.plan_status[plan.status.value] += 1
         self.previous = plan
         if log.isEnabledFor(logging.INFO):
@@ -541,6 +680,12 @@ class Controller:
             return
         self.stats.engine_starts.append(seconds)
         self.stats.actions.append(ActionRecord("engine_ready", s.id, seconds, True, None, None, self.clock()))
+        try:
+            info = await handle.actor.info.remote()
+            if info.get("kv_capacity_tokens"):
+                self.kv_capacity[s.id] = int(info["kv_capacity_tokens"])
+        except Exception as exc:  # admission then treats the slot as unbounded (the engine still queues)
+            log.debug("no KV capacity from %s: %s", s.id, exc)
         if s.role is Role.OFF:
             s.role = Role.MIXED
         if handle.version < self._weights_version:  # an update arrived while it was loading

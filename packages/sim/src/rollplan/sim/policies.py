@@ -718,7 +718,8 @@ class ElasticPlus(RollplanPolicy):
       rollplan policy refreshes its own (on its re-plans).
     - Dispatch: longest pessimistic remaining critical path first (mean + ``DISPATCH_Z`` spreads, as
       ``RollplanPolicy.order``), each to the least-loaded slot that admits it under vLLM's default admission
-      (``BasePolicy.choose_slot``: the simulator's ``admit_watermark``, no headroom, no plan placement).
+      (the decision core's ``choose_slot`` with no headroom: the simulator's ``admit_watermark``, no plan
+      placement; see ``ElasticPlus.choose_slot``).
     - ``planner`` stays None: ``plan()`` is never called (``last_gap`` / ``last_status`` stay None).
     """
 
@@ -767,7 +768,23 @@ class ElasticPlus(RollplanPolicy):
         self._rebuild_heap(sim)
 
     def choose_slot(self, sim: Simulator, j: int) -> int | None:
-        return BasePolicy.choose_slot(self, sim, j)
+        """The decision core's rule (``rollplan.policy.dispatch.choose_slot``) with no headroom and vLLM's
+        admission: a slot admits j when its KV free for a new request (the watermark kept, the KV of
+        residents in tool calls evictable under ``SimConfig.tool_kv`` evictable: ``free_for_new``) and the
+        prompt a resident sibling holds cover j's need; of those, the fewest residents, then the most free.
+        Inlined (hot); a test checks it against the core."""
+        t = sim.trajs[j]
+        need = sim.need_new(t)
+        best = None
+        best_n = best_free = 0
+        for s in self.candidates(sim):
+            free = sim.free_for_new(s)
+            if free + t.share < need or free + sim.prefix_bonus(s, t) < need:
+                continue
+            n = s.n_res
+            if best is None or n < best_n or (n == best_n and free > best_free):
+                best, best_n, best_free = s.idx, n, free
+        return best
 
 
 def parse_pd(text: str) -> tuple[int, int]:
