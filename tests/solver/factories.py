@@ -4,6 +4,7 @@
     make_traj("t0", slot="s0", decode=2000)           # a decoding trajectory at home on s0
     make_snapshot(slots=[...], trajectories=[...])    # time 1000, qwen3-8b, weights version 1
     tiny_snapshots(max_slots=3, max_trajectories=4)   # hypothesis strategy
+    planner_config(backend="milp")                    # PlannerConfig, deterministic by default
 """
 
 from __future__ import annotations
@@ -25,12 +26,23 @@ from rollplan.models.types import (
     SlotSource,
     Trajectory,
 )
+from rollplan.solver.config import PlannerConfig
 
 T0 = 1000.0
 VERSION = 1
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 """Hypothesis settings of the planner tests: derandomized (reproducible in CI), no per-example deadline."""
+
+
+def planner_config(**kw: object) -> PlannerConfig:
+    """``PlannerConfig(**kw)`` with ``deterministic=True`` unless given: the tests' default, so a loaded CI
+    machine cannot change a plan. Tests about wall-clock time limits pass ``deterministic=False`` (or a
+    ``clock``, which implies it)."""
+    if "clock" in kw:
+        kw.setdefault("deterministic", False)
+    kw.setdefault("deterministic", True)
+    return PlannerConfig(**kw)  # type: ignore[arg-type]
 
 
 def make_slot(
@@ -167,7 +179,7 @@ def slot_lists(draw: st.DrawFn, min_slots: int = 1, max_slots: int = 4, gpus: Se
         source = draw(st.sampled_from(list(SlotSource)))
         return_by = None
         if source is not SlotSource.DEDICATED and draw(st.booleans()):
-            return_by = T0 + draw(st.sampled_from([-5.0, 0.5, 20.0, 90.0, 400.0]))
+            return_by = T0 + draw(st.sampled_from([0.0, 0.5, 20.0, 90.0, 400.0]))
         out.append(
             Slot(
                 id=f"s{i}",

@@ -18,6 +18,7 @@ import random
 import time
 
 import pytest
+from factories import planner_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_milp_exact import tiny_snapshots
@@ -30,7 +31,6 @@ from rollplan.solver.backends.exhaustive import optimum
 from rollplan.solver.backends.formulation import decision_objective, is_small
 from rollplan.solver.backends.greedy import solve_greedy
 from rollplan.solver.backends.repair import Prep, SlotState, roles_from_counts, state_of
-from rollplan.solver.config import PlannerConfig
 from rollplan.solver.evaluate import evaluate
 from rollplan.solver.examples import example_snapshot
 from rollplan.solver.instance import Instance, build_instance
@@ -63,7 +63,7 @@ def _random_decision(inst: Instance, rng: random.Random) -> tuple[list[Role], li
     lam=st.sampled_from([0.0, 0.01, 1.0]),
 )
 def test_slot_state_prices_like_evaluate(n_s: int, n_j: int, seed: int, lam: float) -> None:
-    inst = build_instance(example_snapshot(n_s, n_j, seed), PlannerConfig(switch_weight=lam))
+    inst = build_instance(example_snapshot(n_s, n_j, seed), planner_config(switch_weight=lam))
     rng = random.Random(seed)
     roles, placement = _random_decision(inst, rng)
     prep = Prep(inst)
@@ -86,7 +86,7 @@ def test_slot_state_prices_like_evaluate(n_s: int, n_j: int, seed: int, lam: flo
 
 
 def test_roles_from_counts_respects_counts_and_prefers_the_hint() -> None:
-    inst = build_instance(example_snapshot(12, 50, 3), PlannerConfig())
+    inst = build_instance(example_snapshot(12, 50, 3), planner_config())
     prep = Prep(inst)
     members = list(range(len(inst.slots)))
     prefer = [Role.DECODE if s < 4 else Role.MIXED for s in members]
@@ -105,7 +105,7 @@ def _greedy_hint(inst: Instance) -> Decision:
 @pytest.mark.parametrize("backend", [milp, cpsat])
 @pytest.mark.parametrize(("n_s", "n_j", "seed"), [(16, 400, 0), (8, 600, 1), (40, 500, 2)])
 def test_large_path_is_never_worse_than_the_hint(backend: object, n_s: int, n_j: int, seed: int) -> None:
-    inst = build_instance(example_snapshot(n_s, n_j, seed), PlannerConfig(time_limit=2.0))
+    inst = build_instance(example_snapshot(n_s, n_j, seed), planner_config(time_limit=2.0))
     assert not is_small(inst)
     hint = _greedy_hint(inst)
     d = backend.BACKEND.solve(inst, budget=2.0, hint=hint)  # type: ignore[attr-defined]
@@ -116,7 +116,7 @@ def test_large_path_is_never_worse_than_the_hint(backend: object, n_s: int, n_j:
 
 
 def test_large_path_without_a_hint_finds_a_valid_decision() -> None:
-    inst = build_instance(example_snapshot(16, 300, 4), PlannerConfig())
+    inst = build_instance(example_snapshot(16, 300, 4), planner_config())
     d = milp.BACKEND.solve(inst, budget=2.0, hint=None)
     assert d is not None
     assert not evaluate(inst, release_idle(inst, d.roles, d.placement), d.placement).problems
@@ -125,7 +125,7 @@ def test_large_path_without_a_hint_finds_a_valid_decision() -> None:
 @FAST
 @given(snap=tiny_snapshots(), lam=st.sampled_from([0.0, 0.5]))
 def test_aggregate_lp_bound_is_valid_on_tiny_instances(snap: object, lam: float) -> None:
-    inst = build_instance(snap, PlannerConfig(exact_max_trajectories=0, switch_weight=lam))  # type: ignore[arg-type]
+    inst = build_instance(snap, planner_config(exact_max_trajectories=0, switch_weight=lam))  # type: ignore[arg-type]
     assert not is_small(inst)
     opt = optimum(inst)
     assert opt is not None
@@ -138,7 +138,7 @@ def test_aggregate_lp_bound_is_valid_on_tiny_instances(snap: object, lam: float)
 
 @pytest.mark.parametrize(("n_s", "n_j", "seed"), [(32, 512, 0), (16, 2048, 1)])
 def test_aggregate_lp_bound_is_below_the_plans(n_s: int, n_j: int, seed: int) -> None:
-    inst = build_instance(example_snapshot(n_s, n_j, seed), PlannerConfig())
+    inst = build_instance(example_snapshot(n_s, n_j, seed), planner_config())
     hint = _greedy_hint(inst)
     d = milp.BACKEND.solve(inst, budget=2.0, hint=hint)
     assert d is not None
@@ -151,7 +151,7 @@ def test_aggregate_lp_bound_is_below_the_plans(n_s: int, n_j: int, seed: int) ->
 
 @pytest.mark.parametrize("backend", [milp, cpsat])
 def test_time_limit_is_honoured_on_a_large_instance(backend: object) -> None:
-    inst = build_instance(example_snapshot(64, 2000, 5), PlannerConfig())
+    inst = build_instance(example_snapshot(64, 2000, 5), planner_config())
     hint = _greedy_hint(inst)
     for budget in (0.0, 0.05, 0.3):
         t0 = time.perf_counter()

@@ -49,3 +49,25 @@ def test_unknown_names_are_user_errors() -> None:
     assert parse_list("S, L", list(SCALES), "scale") == ["S", "L"]
     with pytest.raises(UnknownNameError, match="unknown backend 'gurobi'"):
         parse_list("milp,gurobi", BENCH_BACKENDS, "backend")
+
+
+def test_bench_families_cells() -> None:
+    """``--families`` selects family snapshots; the report names each cell's family and its gap target."""
+    from rollplan.solver.bench import gap_target
+
+    app = typer.Typer()
+    bench = typer.Typer()
+    app.add_typer(bench, name="bench")
+    register_bench(bench)
+    args = ["bench", "planner", "--scales", "S", "--backends", "greedy", "--repeat", "1", "--json"]
+    result = CliRunner().invoke(app, [*args, "--families", "work-bound,long-tail", "--deterministic"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert [(c["family"], c["deterministic"]) for c in report["results"]] == [
+        ("work-bound", True),
+        ("long-tail", True),
+    ]
+    assert report["targets"]["gap_max"] == {"work-bound": {"S": 0.05}, "long-tail": {"S": 0.10}}
+    assert gap_target("heterogeneous", "M") == 0.10 and gap_target("deadlines", "M") == 0.05
+    bad = CliRunner().invoke(app, [*args, "--families", "easy"])
+    assert bad.exit_code != 0 and "unknown family 'easy'" in str(bad.exception)

@@ -109,3 +109,12 @@ def test_usage_errors_are_one_line_exit_2(argv: list[str], names: str, capsys) -
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and names in err and "To fix:" in err
+
+
+def test_plan_deterministic_flag(snap_file, capsys) -> None:
+    outs = []
+    for _ in range(2):
+        assert main(["plan", str(snap_file), "--backend", "cpsat", "--time-limit", "0.2", "--deterministic", "--json"]) == 0
+        p = plan_from_json(capsys.readouterr().out)
+        outs.append((p.roles, p.placement, p.objective))
+    assert outs[0] == outs[1]

@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from factories import make_slot, make_snapshot, make_traj
+from factories import make_slot, make_snapshot, make_traj, planner_config
 
 from rollplan.models.errors import UserInputError
 from rollplan.models.types import Role
-from rollplan.solver import PlannerConfig, build_instance, plan
+from rollplan.solver import build_instance, plan
 from rollplan.solver.evaluate import evaluate, evaluate_reference
 from rollplan.solver.instance import co_running_share
 
@@ -36,7 +36,7 @@ def _one_slot(phi: float | None):
             make_traj("b", decode=1000),
         ],
     )
-    return build_instance(snap, PlannerConfig(co_running=phi))
+    return build_instance(snap, planner_config(co_running=phi))
 
 
 @pytest.mark.parametrize("phi", [0.0, 0.3, 1.0])
@@ -67,7 +67,7 @@ def test_estimated_phi_is_the_decode_share_of_the_longest_paths() -> None:
     cp = dec + x.W + x.P / x.mu[0]
     assert inst.phi == pytest.approx(float(dec.sum() / cp.sum()))
     assert 0.0 < inst.phi < 1.0
-    assert co_running_share(build_instance(make_snapshot(trajectories=[]), PlannerConfig()).arrays) == 0.0
+    assert co_running_share(build_instance(make_snapshot(trajectories=[]), planner_config()).arrays) == 0.0
 
 
 def test_exact_backends_agree_with_phi() -> None:
@@ -80,7 +80,7 @@ def test_exact_backends_agree_with_phi() -> None:
     )
     objs = {}
     for backend in ("exhaustive", "milp", "cpsat"):
-        p = plan(snap, config=PlannerConfig(backend=backend, time_limit=20.0, co_running=0.8, relative_gap=0.0))
+        p = plan(snap, config=planner_config(backend=backend, time_limit=20.0, co_running=0.8, relative_gap=0.0))
         objs[backend] = p.objective
     assert objs["milp"] == pytest.approx(objs["exhaustive"], rel=1e-6, abs=1e-6)
     assert objs["cpsat"] == pytest.approx(objs["exhaustive"], rel=1e-3, abs=1e-3)
@@ -96,7 +96,7 @@ def test_phi_moves_short_trajectories_off_the_slot_of_a_long_one(backend: str) -
         trajectories=[make_traj("long", decode=2000, tool=900.0),
                       *(make_traj(f"t{k}", slot="s0", decode=1500.0) for k in range(6))],
     )
-    cfg = PlannerConfig(backend=backend, time_limit=20.0, relative_gap=0.0)
+    cfg = planner_config(backend=backend, time_limit=20.0, relative_gap=0.0)
     shared = {}
     for phi in (0.0, 1.0):
         p = plan(snap, config=dataclasses.replace(cfg, co_running=phi))
@@ -106,4 +106,4 @@ def test_phi_moves_short_trajectories_off_the_slot_of_a_long_one(backend: str) -
 
 def test_co_running_out_of_range_is_a_user_error() -> None:
     with pytest.raises(UserInputError, match="co_running"):
-        PlannerConfig(co_running=1.5)
+        planner_config(co_running=1.5)

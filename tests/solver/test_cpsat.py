@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from factories import planner_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_milp_exact import tiny_snapshots
@@ -28,7 +29,6 @@ from rollplan.solver.backends.formulation import (
     is_small,
 )
 from rollplan.solver.backends.greedy import solve_greedy
-from rollplan.solver.config import PlannerConfig
 from rollplan.solver.evaluate import evaluate
 from rollplan.solver.examples import example_snapshot
 from rollplan.solver.instance import build_instance
@@ -44,7 +44,7 @@ def test_to_ms_modes() -> None:
 
 
 def test_rows_round_to_the_safe_side() -> None:
-    inst = build_instance(example_snapshot(2, 4, 0), PlannerConfig())
+    inst = build_instance(example_snapshot(2, 4, 0), planner_config())
     b = cpsat.CpSatBuilder(inst)
     x = b.add_var("x", 0.0, 10.0, integer=False)
     y = b.add_var("y", 0.0, 1.0, integer=True)
@@ -59,7 +59,7 @@ def test_rows_round_to_the_safe_side() -> None:
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(snap=tiny_snapshots(), lam=st.sampled_from([0.0, 0.01, 0.5]))
 def test_cpsat_never_underestimates(snap: ClusterSnapshot, lam: float) -> None:
-    inst = build_instance(snap, PlannerConfig(switch_weight=lam, relative_gap=0.0))
+    inst = build_instance(snap, planner_config(switch_weight=lam, relative_gap=0.0))
     form = ExactFormulation(inst)
     b = cpsat.CpSatBuilder(inst)
     form.build(b)
@@ -77,7 +77,7 @@ def test_cpsat_never_underestimates(snap: ClusterSnapshot, lam: float) -> None:
 
 @pytest.mark.parametrize("budget", [0.05, 0.3])
 def test_time_limit_on_an_exact_instance(budget: float) -> None:
-    inst = build_instance(example_snapshot(16, 64, 7), PlannerConfig(relative_gap=0.0))
+    inst = build_instance(example_snapshot(16, 64, 7), planner_config(relative_gap=0.0))
     assert is_small(inst)
     roles, placement, _ = solve_greedy(inst)
     hint = Decision(tuple(roles), tuple(placement), SolveStatus.HEURISTIC)

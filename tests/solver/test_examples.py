@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from factories import planner_config
 
 from rollplan.models.io import check_snapshot, snapshot_from_json, to_json
 from rollplan.models.specs import model_spec
 from rollplan.models.types import EngineState, Phase, Role, SlotSource
-from rollplan.solver import PlannerConfig, build_instance, example_snapshot
+from rollplan.solver import build_instance, example_snapshot
 
 
 def test_deterministic_and_round_trips() -> None:
@@ -22,7 +23,7 @@ def test_deterministic_and_round_trips() -> None:
 @pytest.mark.parametrize(("model", "gpu"), [("qwen3-8b", "h800"), ("qwen3-30b-a3b", "h100"), ("llama-2-70b", "a100"), ("tiny", "cpu")])
 def test_valid_for_every_preset(model: str, gpu: str) -> None:
     snap = check_snapshot(example_snapshot(16, 200, seed=1, model=model, gpu=gpu))
-    build_instance(snap, PlannerConfig())  # every trajectory fits some slot
+    build_instance(snap, planner_config())  # every trajectory fits some slot
     spec = model_spec(model)
     for t in snap.trajectories:
         peak = t.context_tokens + t.remaining_prefill_tokens.mean + t.remaining_decode_tokens.mean

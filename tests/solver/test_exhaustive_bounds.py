@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from factories import FAST, make_slot, make_snapshot, make_traj, tiny_snapshots
+from factories import FAST, make_slot, make_snapshot, make_traj, planner_config, tiny_snapshots
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -38,7 +38,7 @@ def _instance(snap: ClusterSnapshot, config: PlannerConfig):
 @settings(FAST, max_examples=150)
 @given(tiny_snapshots(max_slots=3, max_trajectories=3), st.sampled_from([0.0, 0.01, 0.5]))
 def test_greedy_never_beats_the_exhaustive_optimum_and_bounds_hold(snap: ClusterSnapshot, lam: float) -> None:
-    config = PlannerConfig(backend="greedy", switch_weight=lam)
+    config = planner_config(backend="greedy", switch_weight=lam)
     inst = _instance(snap, config)
     opt = optimum(inst)
     assert opt is not None
@@ -55,7 +55,7 @@ def test_greedy_never_beats_the_exhaustive_optimum_and_bounds_hold(snap: Cluster
 @settings(FAST, max_examples=100)
 @given(tiny_snapshots(max_slots=2, max_trajectories=3), st.sampled_from(["h800", "a100"]))
 def test_adding_an_idle_warm_slot_never_worsens_the_optimal_makespan(snap: ClusterSnapshot, gpu: str) -> None:
-    config = PlannerConfig(backend="exhaustive", switch_weight=0.0)
+    config = planner_config(backend="exhaustive", switch_weight=0.0)
     inst = _instance(snap, config)
     before = optimum(inst)
     extra = make_slot("idle", gpu=gpu, node="n9")
@@ -69,7 +69,7 @@ def test_adding_an_idle_warm_slot_never_worsens_the_optimal_makespan(snap: Clust
 @settings(FAST, max_examples=60)
 @given(tiny_snapshots(max_slots=2, max_trajectories=3))
 def test_exhaustive_backend_through_plan(snap: ClusterSnapshot) -> None:
-    config = PlannerConfig(backend="exhaustive", time_limit=30.0, relative_gap=0.0)
+    config = planner_config(backend="exhaustive", time_limit=30.0, relative_gap=0.0)
     inst = _instance(snap, config)
     opt = optimum(inst)
     p = plan(snap, config=config)
@@ -82,7 +82,7 @@ def test_exhaustive_backend_through_plan(snap: ClusterSnapshot) -> None:
 
 def test_bounds_are_tight_on_a_single_long_trajectory() -> None:
     snap = make_snapshot([make_slot("s0"), make_slot("s1")], [make_traj("t0", decode=10000.0)])
-    inst = build_instance(snap, PlannerConfig())
+    inst = build_instance(snap, planner_config())
     opt = optimum(inst)
     assert critical_path_bound(inst) == pytest.approx(opt.min_makespan, rel=1e-9)
     assert work_bound(inst) <= opt.min_makespan
@@ -91,7 +91,7 @@ def test_bounds_are_tight_on_a_single_long_trajectory() -> None:
 def test_work_bound_dominates_when_many_trajectories_share_few_slots() -> None:
     trajs = [make_traj(f"t{i}", decode=500.0, context=20000) for i in range(200)]
     snap = make_snapshot([make_slot("s0")], trajs)
-    inst = build_instance(snap, PlannerConfig())
+    inst = build_instance(snap, planner_config())
     roles, placement, _ = solve_greedy(inst)
     ms = evaluate(inst, roles, placement).makespan
     assert critical_path_bound(inst) < work_bound(inst) <= ms * (1 + TOL)
@@ -100,12 +100,12 @@ def test_work_bound_dominates_when_many_trajectories_share_few_slots() -> None:
 def test_exhaustive_refuses_big_instances() -> None:
     snap = make_snapshot([make_slot(f"s{i}") for i in range(5)], [make_traj("t0")])
     with pytest.raises(SolverError, match="To fix"):
-        optimum(build_instance(snap, PlannerConfig()))
+        optimum(build_instance(snap, planner_config()))
 
 
 def test_exhaustive_prefers_fewer_changes_on_ties() -> None:
     # Two identical warm slots, one trajectory at home on s0: staying home ties with nothing better.
     snap = make_snapshot([make_slot("s0"), make_slot("s1")], [make_traj("t0", slot="s0", context=0)])
-    opt = optimum(build_instance(snap, PlannerConfig(switch_weight=0.0)))
+    opt = optimum(build_instance(snap, planner_config(switch_weight=0.0)))
     assert opt.placement == (0,)
     assert opt.roles[0] is Role.MIXED

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from factories import planner_config
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -36,7 +37,6 @@ from rollplan.solver.backends.formulation import (
     SolveLimits,
     decision_objective,
 )
-from rollplan.solver.config import PlannerConfig
 from rollplan.solver.evaluate import evaluate
 from rollplan.solver.instance import Instance, build_instance
 
@@ -102,7 +102,7 @@ def tiny_snapshots(draw: st.DrawFn) -> ClusterSnapshot:
 
 
 def _instance(snap: ClusterSnapshot, lam: float) -> Instance:
-    return build_instance(snap, PlannerConfig(relative_gap=0.0, switch_weight=lam, time_limit=30.0))
+    return build_instance(snap, planner_config(relative_gap=0.0, switch_weight=lam, time_limit=30.0))
 
 
 def _rounding_tolerance(inst: Instance) -> float:
@@ -185,7 +185,7 @@ def test_warm_start_and_solvers_agree(solver: str) -> None:
     from rollplan.solver.examples import example_snapshot
 
     snap = example_snapshot(4, 12, seed=5)
-    inst = build_instance(snap, PlannerConfig(relative_gap=0.0, milp_solver=solver, time_limit=30.0))
+    inst = build_instance(snap, planner_config(relative_gap=0.0, milp_solver=solver, time_limit=30.0))
     hint = GREEDY.solve(inst, budget=1.0)
     d = milp.BACKEND.solve(inst, budget=30.0, hint=hint)
     assert d is not None

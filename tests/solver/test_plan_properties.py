@@ -29,6 +29,7 @@ from factories import (
     make_slot,
     make_snapshot,
     make_traj,
+    planner_config,
     snapshots,
 )
 from hypothesis import assume, given, settings
@@ -40,7 +41,7 @@ from rollplan.solver import PlannerConfig, build_instance, evaluate_ids, plan, v
 from rollplan.solver.api import REPLAN_HYSTERESIS
 from rollplan.solver.backends.greedy import usable_slots
 
-GREEDY = PlannerConfig(backend="greedy", time_limit=5.0)
+GREEDY = planner_config(backend="greedy", time_limit=5.0)
 
 
 def _plan_or_skip(snap: ClusterSnapshot, config: PlannerConfig = GREEDY):
@@ -129,7 +130,7 @@ def test_no_work_past_a_deadline_when_a_free_slot_exists(snap: ClusterSnapshot) 
 @given(snapshots(max_slots=4, max_trajectories=8), st.sampled_from(["greedy", "milp", "cpsat"]))
 def test_time_limit_honoured_when_the_clock_stalls(snap: ClusterSnapshot, backend: str) -> None:
     clock = FakeClock(0.001, jump_after=2, jump=10.0)  # the machine stalls right after the instance is built
-    config = PlannerConfig(backend=backend, time_limit=1.0, clock=clock)
+    config = planner_config(backend=backend, time_limit=1.0, clock=clock)
     p = _plan_or_skip(snap, config)
     validate_plan(snap, p, config)
     expected = SolveStatus.HEURISTIC if backend == "greedy" else SolveStatus.FALLBACK
@@ -148,7 +149,7 @@ def test_cold_preemptible_slot_with_little_work_stays_off(decode: list[float], l
     slots = [make_slot("warm"), make_slot("spot", source=SlotSource.PREEMPTIBLE, role=Role.OFF, engine=EngineState.NONE)]
     trajs = [make_traj(f"t{i}", slot="warm", decode=d) for i, d in enumerate(decode)]
     snap = make_snapshot(slots, trajs)
-    config = PlannerConfig(backend="greedy", switch_weight=lam)
+    config = planner_config(backend="greedy", switch_weight=lam)
     inst = build_instance(snap, config)
     p = plan(snap, config=config)
     assert p.makespan < inst.slots[1].on_seconds  # the premise: less work than the cold start
@@ -202,7 +203,7 @@ def test_fake_clock_bounds_the_local_search() -> None:
 
     snap = example_snapshot(16, 400, seed=3)
     clock = FakeClock(0.05)
-    config = PlannerConfig(backend="greedy", time_limit=1.0, clock=clock)
+    config = planner_config(backend="greedy", time_limit=1.0, clock=clock)
     p = plan(snap, config=config)
     validate_plan(snap, p, config)
     assert p.solve_seconds <= config.time_limit + 0.5  # fake seconds: reads are bounded, so is the work
@@ -213,7 +214,7 @@ def test_unknown_backend_is_a_user_error() -> None:
     from rollplan.models.errors import UnknownNameError
 
     with pytest.raises(UnknownNameError, match="To fix"):
-        plan(make_snapshot(), config=PlannerConfig(backend="nope"))
+        plan(make_snapshot(), config=planner_config(backend="nope"))
 
 
 def test_infeasible_snapshot_lists_reasons_and_fix() -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from factories import T0, make_slot, make_snapshot, make_traj
+from factories import T0, make_slot, make_snapshot, make_traj, planner_config
 
 from rollplan.models.errors import PlanValidationError
 from rollplan.models.types import Action, ActionKind, Role, SlotSource, SolveStatus
-from rollplan.solver import PlannerConfig, plan, validate_plan
+from rollplan.solver import plan, validate_plan
 
-CONFIG = PlannerConfig(backend="greedy")
+CONFIG = planner_config(backend="greedy")
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,13 @@ import random
 
 import numpy as np
 import pytest
-from factories import snapshots
+from factories import planner_config, snapshots
 from hypothesis import HealthCheck, given, settings
 
 from rollplan.models.specs import model_spec
 from rollplan.models.types import Role
 from rollplan.solver.backends import greedy
 from rollplan.solver.bounds import capped_waterfill, capped_waterfill_reference
-from rollplan.solver.config import PlannerConfig
 from rollplan.solver.evaluate import evaluate, evaluate_ids, evaluate_reference
 from rollplan.solver.examples import example_snapshot
 from rollplan.solver.instance import Instance, _traj_coeffs, build_instance
@@ -43,7 +42,7 @@ def _same_arrays(a: Instance, b: Instance) -> None:
 @FAST
 @given(snapshots(max_slots=4, max_trajectories=12))
 def test_instance_arrays_match_the_per_trajectory_coefficients(snap) -> None:
-    inst = build_instance(snap, PlannerConfig())
+    inst = build_instance(snap, planner_config())
     pos = {s.id: i for i, s in enumerate(snap.slots)}
     spec = model_spec(snap.model)
     ref = tuple(
@@ -70,7 +69,7 @@ def _random_decision(inst: Instance, rng: random.Random) -> tuple[list[Role], li
 
 @pytest.mark.parametrize(("n_s", "n_j", "seed"), [(3, 20, 1), (8, 64, 2), (16, 300, 3), (64, 1500, 4)])
 def test_evaluate_equals_the_reference(n_s: int, n_j: int, seed: int) -> None:
-    inst = build_instance(example_snapshot(n_s, n_j, seed), PlannerConfig(switch_weight=0.3))
+    inst = build_instance(example_snapshot(n_s, n_j, seed), planner_config(switch_weight=0.3))
     rng = random.Random(seed)
     for _ in range(20):
         roles, placement = _random_decision(inst, rng)
@@ -81,7 +80,7 @@ def test_evaluate_equals_the_reference(n_s: int, n_j: int, seed: int) -> None:
 
 
 def test_evaluate_ids_with_missing_trajectories_prices_the_rest() -> None:
-    inst = build_instance(example_snapshot(8, 60, 5), PlannerConfig())
+    inst = build_instance(example_snapshot(8, 60, 5), planner_config())
     rng = random.Random(5)
     roles = [Role.MIXED] * len(inst.slots)
     placement = [rng.randrange(len(inst.slots)) for _ in inst.trajs]
@@ -115,7 +114,7 @@ def test_home_pass_equals_the_reference(
     n_s: int, n_j: int, seed: int, ragged: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(greedy, "RAGGED", ragged)
-    inst = build_instance(example_snapshot(n_s, n_j, seed), PlannerConfig())
+    inst = build_instance(example_snapshot(n_s, n_j, seed), planner_config())
     prep = greedy._Prep(inst)
     deadlines = [math.inf if sl.deadline is None else sl.deadline for sl in inst.slots]
     timed = [d != math.inf for d in deadlines]

@@ -15,21 +15,26 @@ from rollplan.solver.bounds import compute_bounds, critical_path_bound, work_bou
 from rollplan.solver.config import BACKENDS, PlannerConfig
 from rollplan.solver.evaluate import Evaluation, evaluate, evaluate_ids
 from rollplan.solver.examples import example_snapshot
+from rollplan.solver.families import FAMILIES, family_snapshot
+from rollplan.solver.inputs import check_inputs
 from rollplan.solver.instance import Instance, build_instance
 from rollplan.solver.validate import validate_plan
 
 __all__ = [
     "BACKENDS",
+    "FAMILIES",
     "Evaluation",
     "Instance",
     "Planner",
     "PlannerConfig",
     "build_instance",
+    "check_inputs",
     "compute_bounds",
     "critical_path_bound",
     "evaluate",
     "evaluate_ids",
     "example_snapshot",
+    "family_snapshot",
     "load_backend",
     "map_previous",
     "plan",

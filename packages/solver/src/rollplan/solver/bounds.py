@@ -25,6 +25,23 @@ the work bound closes each slot's window at min(C, d_s) and the critical-path bo
 j's own time ends by d_s. ``plan()`` reports these when its plan has no violations, the deadline-free ones
 otherwise (a DEADLINE_RELAXED plan may beat an on-time bound).
 
+``work_head`` — the work bound with the per-slot heads: ``evaluate``'s decode time on s is
+c_s sum D + a_s max(M_s, sum O w) (M_s = the largest D on s) >= c_s sum D + a_s (theta M_s + (1 - theta) sum O w)
+for any theta in [0, 1]. Summed over the slots (uniform weights, windows as for ``work``):
+    sum_s (C - stlb_s)^+ >= W_theta + theta a_min sum_s M_s,
+    W_theta = sum_j min_{types j fits} (c D_j + (1 - theta) a O_j w_j) + sum_j P_j / max mu.
+With D sorted decreasing, let m_k be the number of slots hosting one of the k longest. Each such slot has
+M_s >= D_k, so for any alpha in [0, 1] its own members cost sum (c D_j + (1 - alpha) a O w) <= C - st_min -
+alpha a_min D_k: m_k >= ceil(sum_{j <= k} least cost / that room) (none can exist when the room is <= 0; m_k
+<= the number of slots; m_k grows with k). Layer cake: sum_s M_s = int #{s: M_s >= t} dt >= sum_k (D_k -
+D_{k+1}) m_k. The left side grows with C and the right side shrinks, so the smallest C satisfying every
+(theta in ``HEAD_THETAS``) inequality is found by bisection; the bound is the last C shown infeasible.
+Weighted like ``work`` (slot weights v per type: every cost and window times v_s; a_min becomes min v a,
+the room max v (C - st_min) - alpha min(v a) D_k): uniform, v = 1 / a (heads counted in decode steps, so a
+mix of GPU kinds loses nothing to the fastest one's a) and ``work``'s 1 / mean work; the largest is kept. Reason: with ~16
+trajectories per slot and long contexts the heads a (M_s - occupancy) are 3-11% of the slots' time (bench
+families), which ``work`` misses.
+
 ``lp`` — the LP relaxation of the MILP (``rollplan.solver.backends.milp.lp_bound``), when that backend is
 installed and the budget allows.
 """
@@ -47,6 +64,10 @@ log = logging.getLogger(__name__)
 BOUND_WORK = "work_capacity"
 BOUND_CRITICAL_PATH = "critical_path"
 BOUND_LP = "lp_relaxation"
+BOUND_WORK_HEAD = "work_head"
+HEAD_THETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+HEAD_ALPHAS = (0.0, 0.5, 1.0)
+HEAD_BISECTIONS = 48
 
 
 def instance_arrays(inst: Instance) -> InstanceArrays:
@@ -231,6 +252,88 @@ def _work_bound(x: InstanceArrays, on_time: bool) -> float:
     return best
 
 
+def work_head_bound(inst: Instance, *, on_time: bool = False) -> float:
+    """The work bound with per-slot heads (``work_head`` in the module docstring); 0 when it says nothing.
+
+    ``on_time``: valid only for decisions that finish every slot by its deadline (windows end there).
+    Computed once per instance (O((|J| + |S|) log) per bisection step, ~``HEAD_BISECTIONS`` steps).
+    """
+    if not len(inst.trajs) or not inst.slots:
+        return 0.0
+    return inst.memo(("work_head_bound", on_time), lambda: _work_head_bound(inst.arrays, on_time))
+
+
+def _work_head_bound(x: InstanceArrays, on_time: bool) -> float:
+    dec, fit = type_work(x)
+    a_t, c_t = x.a[x.rep], x.c[x.rep]
+    if not x.D.size or float(x.D.max()) <= 0 or (a_t <= 0).any() or (c_t < 0).any():
+        return 0.0
+    weightings = [np.ones(a_t.size)]
+    if a_t.size > 1:
+        weightings.append(1.0 / a_t)  # heads in decode steps: no loss to the fastest type's a
+        mu_t = x.mu[x.rep]
+        mean_work = np.array(
+            [dec[k][fit[k]].mean() + (x.P / mu_t[k]).mean() if fit[k].any() else np.inf for k in range(a_t.size)]
+        )
+        if (np.isfinite(mean_work) & (mean_work > 0)).all():
+            weightings.append(1.0 / mean_work)  # the work bound's second weighting
+    return max(_work_head_weighted(x, dec, fit, v, on_time) for v in weightings)
+
+
+def _work_head_weighted(x: InstanceArrays, dec: np.ndarray, fit: np.ndarray, v: np.ndarray, on_time: bool) -> float:
+    """``work_head`` with slot weights ``v`` per type (module docstring, weighted as ``work`` is)."""
+    a_t, c_t, mu_t = x.a[x.rep], x.c[x.rep], x.mu[x.rep]
+    cpart = c_t[:, None] * x.D[None, :]
+    apart = dec - cpart  # a_k O_jk w_jk
+    prefill = float(x.P.sum()) * float((v / mu_t).min())
+    va_min = float((v * a_t).min())
+    v_max = float(v.max())
+    weight = v[x.type_of]
+
+    def least(theta: float) -> np.ndarray:  # min over the types j fits of v (c D_j + (1 - theta) a O w)
+        return np.where(fit, v[:, None] * (cpart + (1.0 - theta) * apart), np.inf).min(axis=0)
+
+    totals = [float(least(theta).sum()) + prefill for theta in HEAD_THETAS]
+    order = np.argsort(-x.D, kind="stable")
+    d_sorted = x.D[order]
+    layer = d_sorted - np.concatenate([d_sorted[1:], [0.0]])  # D_k - D_{k+1} >= 0
+    need = {alpha: np.cumsum(least(alpha)[order]) for alpha in HEAD_ALPHAS}
+    st_min = float(x.stlb.min())
+    n_slots = x.stlb.size
+    ends = x.deadline if on_time else np.full(x.stlb.shape, math.inf)
+
+    def feasible(C: float) -> bool:
+        cap = float((weight * np.clip(np.minimum(C, ends) - x.stlb, 0.0, None)).sum())
+        hosts = np.ones(d_sorted.size)  # m_k: slots hosting one of the k longest, at least
+        for alpha, w in need.items():
+            room = v_max * (C - st_min) - alpha * va_min * d_sorted  # >= any host's weighted room
+            if ((room <= 0) & (w > 0)).any():
+                return False  # a slot hosting one of them would finish after C
+            m = np.where(w > 0, np.ceil(w / np.where(room > 0, room, 1.0) - 1e-9), 0.0)
+            hosts = np.maximum(hosts, m)
+        hosts = np.maximum.accumulate(hosts)
+        if hosts[-1] > n_slots:
+            return False
+        head = va_min * float((layer * hosts).sum())  # layer cake: sum_s M_s >= sum_k (D_k - D_k+1) m_k
+        return all(cap >= w + theta * head for theta, w in zip(HEAD_THETAS, totals, strict=True))
+
+    lo = st_min
+    hi = st_min + 1.0
+    for _ in range(64):
+        if feasible(hi):
+            break
+        lo, hi = hi, st_min + (hi - st_min) * 2.0
+    else:
+        return 0.0  # the windows cannot hold the work at any C (on time): other bounds say so
+    for _ in range(HEAD_BISECTIONS):
+        mid = 0.5 * (lo + hi)
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo  # the largest C known infeasible: a valid lower bound (never above the true threshold)
+
+
 def lp_bound(inst: Instance, budget: float) -> float | None:
     """The LP relaxation bound of the MILP backend, or None (backend not installed, or no time)."""
     try:
@@ -260,8 +363,12 @@ def compute_bounds(
     """
     x = arrays if arrays is not None else inst.arrays
     out = {BOUND_WORK: work_bound(inst, x), BOUND_CRITICAL_PATH: critical_path_bound(inst, x)}
+    if x is inst.arrays:
+        out[BOUND_WORK_HEAD] = work_head_bound(inst)
     if on_time and inst.trajs and np.isfinite(x.deadline).any():
         timed = {BOUND_WORK: work_bound(inst, x, on_time=True), BOUND_CRITICAL_PATH: critical_path_bound(inst, x, on_time=True)}
+        if x is inst.arrays:
+            timed[BOUND_WORK_HEAD] = work_head_bound(inst, on_time=True)
         for name, val in timed.items():
             if math.isfinite(val):
                 out[name] = max(out[name], val)

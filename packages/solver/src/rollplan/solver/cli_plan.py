@@ -1,6 +1,7 @@
 """CLI: ``rollplan snapshot example`` and ``rollplan plan`` (registered through the ``rollplan.cli`` entry points).
 
     rollplan snapshot example --slots 32 --trajectories 512 --seed 1 > snap.json
+    rollplan snapshot example --family work-bound --slots 32 --trajectories 512 > hard.json
     rollplan plan snap.json --backend greedy --time-limit 0.5          # rich table
     rollplan plan snap.json --json > plan.json                         # the Plan as JSON (docs/schema.md)
     rollplan plan snap2.json --previous plan.json                      # re-plan with the last plan as hint
@@ -23,7 +24,7 @@ from typing import Annotated
 import typer
 
 from rollplan.models.errors import SchemaError
-from rollplan.models.io import plan_from_json, snapshot_from_json, to_json
+from rollplan.models.io import from_json, plan_from_json, to_json
 from rollplan.models.types import ClusterSnapshot, Plan, Role
 from rollplan.solver.config import BACKENDS, PlannerConfig
 
@@ -108,12 +109,23 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         trajectories: Annotated[int, typer.Option("--trajectories", min=0, help="Trajectories in the batch.")] = 64,
         seed: Annotated[int, typer.Option("--seed", help="Random seed (same seed, same snapshot).")] = 0,
         model: Annotated[str, typer.Option("--model", help="Model preset.")] = "qwen3-8b",
-        gpu: Annotated[str, typer.Option("--gpu", help="GPU kind preset.")] = "h800",
+        gpu: Annotated[str, typer.Option("--gpu", help="GPU kind preset (family example only).")] = "h800",
+        family: Annotated[
+            str, typer.Option("--family", help="example | work-bound | heterogeneous | deadlines | long-tail.")
+        ] = "example",
     ) -> None:
-        """Print a realistic, valid example snapshot as JSON (mixed sources, engines and phases)."""
+        """Print a realistic, valid snapshot as JSON: ``example`` (mixed sources, engines and phases) or one of
+        the hard bench families (rollplan.solver.families)."""
         from rollplan.solver.examples import example_snapshot
+        from rollplan.solver.families import family_snapshot
 
-        print(to_json(example_snapshot(slots, trajectories, seed=seed, model=model, gpu=gpu)))
+        if family == "example":
+            snap = example_snapshot(slots, trajectories, seed=seed, model=model, gpu=gpu)
+        else:
+            if slots < 1:
+                raise typer.BadParameter("a family snapshot needs --slots >= 1", param_hint="--slots")
+            snap = family_snapshot(family, slots, trajectories, seed=seed, model=model)
+        print(to_json(snap))
 
     @app.command("plan")
     def plan_cmd(
@@ -126,6 +138,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         ] = 0.01,
         seed: Annotated[int, typer.Option("--seed", help="Solver seed.")] = 0,
         as_json: Annotated[bool, typer.Option("--json", help="Print the Plan as JSON instead of a table.")] = False,
+        deterministic: Annotated[
+            bool, typer.Option("--deterministic", help="Same plan whatever the load: --time-limit is a work budget.")
+        ] = False,
     ) -> None:
         """Plan roles, P:D ratio and placement for a snapshot; print a table or the Plan JSON."""
         from rollplan.models.errors import UnknownNameError
@@ -133,9 +148,15 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         if backend not in BACKENDS:
             raise UnknownNameError("planner backend", backend, BACKENDS)
-        snap = snapshot_from_json(_read(snapshot, "snapshot"), source=str(snapshot))
+        from rollplan.solver.inputs import check_inputs
+
+        # Types by the schema, then the solver's input checks (the one place: field path + fix).
+        snap = check_inputs(from_json(ClusterSnapshot, _read(snapshot, "snapshot"), source=str(snapshot)),
+                            source=str(snapshot))
         prev = plan_from_json(_read(previous, "plan"), source=str(previous)) if previous is not None else None
-        config = PlannerConfig(backend=backend, time_limit=time_limit, switch_weight=switch_weight, seed=seed)
+        config = PlannerConfig(
+            backend=backend, time_limit=time_limit, switch_weight=switch_weight, seed=seed, deterministic=deterministic
+        )
         with _stdout_to_stderr():
             result = plan(snap, previous=prev, config=config)
         if as_json:

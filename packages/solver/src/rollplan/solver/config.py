@@ -10,6 +10,15 @@ from rollplan.models.errors import UserInputError
 from rollplan.models.perf import PerfProvider
 
 BACKENDS = ("milp", "cpsat", "greedy", "exhaustive")
+DETERMINISTIC_WALL_FACTOR = 20.0
+DETERMINISTIC_WALL_EXTRA = 2.0
+"""In deterministic mode, the safety wall-clock cap of one solver call: FACTOR x its work budget + EXTRA
+seconds (HiGHS' root work, which no option budgets, can take ~0.5 s on a loaded 2-core machine)."""
+
+
+def stopped_clock() -> float:
+    """The clock of a deterministic solve's searches: time never passes, so only work caps stop them."""
+    return 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +33,16 @@ class PlannerConfig:
     limit (the planner reads no clock of its own; tests inject a fake one). ``co_running`` (phi, in [0, 1]): the
     share of a slot's other decode tokens that lengthen its critical trajectory's path (see ``instance``
     Notations); None = estimated per instance (``co_running_share``), 0 = each trajectory's path at batch 1.
+
+    ``deterministic``: the same snapshot and config give the same plan whatever the machine's load.
+    ``time_limit`` is then a work budget, not a wall-clock limit: the planner's own searches run on a
+    stopped clock (each to its local optimum or its move/round cap), CP-SAT gets ``max_deterministic_time``
+    = its share of the budget with ``threads`` workers and ``seed`` (interleaved search when threads > 1),
+    HiGHS a node and simplex-iteration budget proportional to it with ``threads`` and ``seed``, CBC a node
+    budget. A wall-clock cap (``DETERMINISTIC_WALL_FACTOR`` x the share + ``DETERMINISTIC_WALL_EXTRA`` s)
+    stays on each solver call as a safety net only (reaching it would break determinism; it is logged).
+    The wall time is not bounded by ``time_limit`` then: small budgets overrun by the solvers' fixed root
+    work (HiGHS presolve / cuts / sub-MIPs, up to ~0.7 s measured at a 0.05 s budget on 2 loaded cores).
     """
 
     backend: str = "milp"
@@ -40,6 +59,7 @@ class PlannerConfig:
     role_switch_seconds: float = 0.05
     deadline_penalty: float = 1e4
     co_running: float | None = None
+    deterministic: bool = False
     clock: Callable[[], float] = time.perf_counter
 
     def __post_init__(self) -> None:

@@ -47,6 +47,7 @@ Objective: C + lam * SW + penalty * sum overrun_s, with C >= T_s for all s and T
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import operator
@@ -60,7 +61,7 @@ from rollplan.models.errors import InfeasiblePlanError
 from rollplan.models.perf import PerfModel, PerfProvider, default_provider
 from rollplan.models.specs import model_spec
 from rollplan.models.types import ClusterSnapshot, EngineState, Phase, Role, Slot, Trajectory
-from rollplan.solver.config import PlannerConfig
+from rollplan.solver.config import PlannerConfig, stopped_clock
 
 PREFILL_CHUNK = 2048
 """Tokens per prefill forward used to rate a slot's prefill throughput (vLLM's default chunk size)."""
@@ -563,7 +564,13 @@ def _unfinished(snapshot: ClusterSnapshot) -> tuple[Trajectory, ...]:
 
 
 def build_instance(snapshot: ClusterSnapshot, config: PlannerConfig) -> Instance:
-    """Turn ``snapshot`` into coefficients. Raises ``InfeasiblePlanError`` when no slot can host some trajectory."""
+    """Turn ``snapshot`` into coefficients. Raises ``InfeasiblePlanError`` when no slot can host some trajectory.
+
+    With ``config.deterministic`` the instance's config carries ``config.stopped_clock`` instead of
+    ``config.clock``: every search that reads ``inst.config.clock`` then stops on work caps only.
+    """
+    if config.deterministic and config.clock is not stopped_clock:
+        config = dataclasses.replace(config, clock=stopped_clock)
     spec = model_spec(snapshot.model)
     provider: PerfProvider = config.perf or default_provider(spec.name, calibrated=config.calibrated)
     unfinished = _unfinished(snapshot)

@@ -89,6 +89,8 @@ FIXED_SECONDS_PER_SLOT = 5e-5
 """Measured CPU cost of the untimed preparation (numpy tables, hint pricing, one aggregate build)."""
 PACK_TRIGGER = 1.02
 """Length packing runs when the best makespan so far exceeds the critical-path bound by this factor."""
+SMALL_PRE_SHARE = 0.2
+"""Share of a small instance's budget the aggregate pipeline gets before the exact model (a better hint)."""
 AGG_GAP = 1e-5
 """Relative gap of the aggregate MILP: tight, since its switching terms are ~1e-3 of the objective."""
 
@@ -579,7 +581,7 @@ def solve_large(
     state: SlotState | None = None
     if left > 0:
         res = builder.solve(
-            SolveLimits(time_limit=AGG_SHARE * left, threads=cfg.threads, seed=cfg.seed, relative_gap=AGG_GAP)
+            SolveLimits.of(cfg, AGG_SHARE * left, relative_gap=AGG_GAP)
         )
         info["aggregate_seconds"] = clock() - t0
         if res.status is not None:
@@ -706,7 +708,7 @@ def bound_lp(inst: Instance, factory: type, *, budget: float, upper: float | Non
     if left <= 0:
         return None
     res = builder.solve(
-        SolveLimits(time_limit=left, threads=inst.config.threads, seed=inst.config.seed, relax=True)
+        SolveLimits.of(inst.config, left, relax=True)
     )
     if res.status is not SolveStatus.OPTIMAL or res.bound is None:
         return None
@@ -723,5 +725,16 @@ class FormulationBackend:
 
     def solve(self, inst: Instance, *, budget: float, hint: Decision | None = None) -> Decision | None:
         if is_small(inst, budget):
-            return solve_exact(inst, self.make_builder, budget=budget, hint=hint)
+            # The aggregate pipeline first, on a share of the budget, as a better hint: on small instances the
+            # exact model's search can end above what aggregate + repair finds in milliseconds (measured: 6
+            # H100/H800/A100 x 60 trajectories, 77.52 after 20 s vs 77.38 at 0.2 s, when is_small flipped with
+            # the budget), and the exact solve never returns worse than its hint: more time, never worse.
+            clock = inst.config.clock
+            t0 = clock()
+            pre = solve_large(
+                inst, self.make_builder, budget=SMALL_PRE_SHARE * budget, hint=hint, backend=self.name
+            )
+            if pre is not None:
+                hint = Decision(pre.roles, pre.placement, SolveStatus.HEURISTIC)
+            return solve_exact(inst, self.make_builder, budget=budget - (clock() - t0), hint=hint)
         return solve_large(inst, self.make_builder, budget=budget, hint=hint, backend=self.name)

@@ -33,6 +33,7 @@ from rollplan.solver.backends.formulation import (
     Terms,
     Var,
 )
+from rollplan.solver.config import DETERMINISTIC_WALL_EXTRA, DETERMINISTIC_WALL_FACTOR
 from rollplan.solver.instance import Instance
 
 NAME = "cpsat"
@@ -126,9 +127,15 @@ class CpSatBuilder:
             raise ValueError("CP-SAT has no LP relaxation to solve; use milp.lp_bound")
         solver = cp_model.CpSolver()
         p = solver.parameters
-        p.max_time_in_seconds = max(1e-3, limits.time_limit)
         p.num_workers = max(1, limits.threads)
         p.random_seed = limits.seed
+        if limits.deterministic:
+            # Work, not wall time: CP-SAT's deterministic clock; the wall cap is only a safety net.
+            p.max_deterministic_time = max(1e-3, limits.time_limit)
+            p.max_time_in_seconds = DETERMINISTIC_WALL_FACTOR * limits.time_limit + DETERMINISTIC_WALL_EXTRA
+            p.interleave_search = p.num_workers > 1  # the deterministic parallel mode
+        else:
+            p.max_time_in_seconds = max(1e-3, limits.time_limit)
         p.relative_gap_limit = limits.relative_gap
         p.log_search_progress = False
         code = solver.solve(self.model)

@@ -63,6 +63,7 @@ from typing import Any, Protocol
 from rollplan.models.types import Role, SolveStatus
 from rollplan.solver.actions import release_idle
 from rollplan.solver.backends.base import Decision
+from rollplan.solver.config import PlannerConfig
 from rollplan.solver.evaluate import TERM_MAKESPAN, TERM_OVERRUN, TERM_SWITCHING, evaluate, waterfill_finish
 from rollplan.solver.instance import Instance
 
@@ -100,13 +101,25 @@ class ObjectivePart:
 
 @dataclass(frozen=True, slots=True)
 class SolveLimits:
-    """``time_limit``: seconds for the solver call; ``relax``: solve the LP relaxation (MILP only)."""
+    """``time_limit``: seconds for the solver call; ``relax``: solve the LP relaxation (MILP only).
+
+    ``deterministic``: ``time_limit`` is a work budget (``PlannerConfig.deterministic``): CP-SAT's
+    deterministic time, HiGHS/CBC node and iteration budgets; the wall clock only as a safety cap.
+    """
 
     time_limit: float
     threads: int = 1
     seed: int = 0
     relative_gap: float = 0.0
     relax: bool = False
+    deterministic: bool = False
+
+    @staticmethod
+    def of(cfg: PlannerConfig, time_limit: float, **kw: Any) -> SolveLimits:
+        """The limits of one solver call under ``cfg`` (threads, seed, deterministic) with ``time_limit``."""
+        return SolveLimits(
+            time_limit=time_limit, threads=cfg.threads, seed=cfg.seed, deterministic=cfg.deterministic, **kw
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -646,7 +659,7 @@ def solve_exact(
     if left <= 0:
         return _hint_fallback(inst, hint, reason="no time left after building the model")
     res = builder.solve(
-        SolveLimits(time_limit=left, threads=cfg.threads, seed=cfg.seed, relative_gap=cfg.relative_gap)
+        SolveLimits.of(cfg, left, relative_gap=cfg.relative_gap)
     )
     info = {"build_seconds": built, **res.info}
     if res.status is None:

@@ -74,12 +74,20 @@ class _Highs(pulp.HiGHS):  # type: ignore[misc,valid-type]
     """``pulp.HiGHS`` with a bulk model transfer, a warm start, a clock-measured time limit and the MIP bound."""
 
     def __init__(
-        self, *, deadline: float, clock: Any, warm: Mapping[Var, float] | None, seed: int, **kw: Any
+        self,
+        *,
+        deadline: float,
+        clock: Any,
+        warm: Mapping[Var, float] | None,
+        seed: int,
+        work: float | None = None,
+        **kw: Any,
     ) -> None:
         super().__init__(msg=False, random_seed=seed, **kw)
         self.deadline = deadline
         self.clock = clock
         self.warm = warm
+        self.work = work  # deterministic mode: the work budget in nominal seconds (see work_limits)
         self.highs: Any = None
 
     def buildSolverModel(self, lp: pulp.LpProblem) -> None:
@@ -140,8 +148,14 @@ class _Highs(pulp.HiGHS):  # type: ignore[misc,valid-type]
         h: Any = lp.solverModel  # a highspy.Highs; PuLP types it loosely
         # The time limit is what is left now, after PuLP and the transfer above. HiGHS counts its
         # time_limit from its own timer's start (the Highs object's creation), hence getRunTime().
-        left = max(1e-3, float(self.deadline - self.clock()))
-        h.setOptionValue("time_limit", float(h.getRunTime()) + left)
+        if self.work is not None:
+            iterations, nodes, cap = work_limits(self.work)
+            h.setOptionValue("simplex_iteration_limit", iterations)
+            h.setOptionValue("mip_max_nodes", nodes)
+            h.setOptionValue("time_limit", float(h.getRunTime()) + cap)
+        else:
+            left = max(1e-3, float(self.deadline - self.clock()))
+            h.setOptionValue("time_limit", float(h.getRunTime()) + left)
         if self.warm and self.mip:
             vals = np.zeros(h.getNumCol())
             for v, x in self.warm.items():
@@ -216,6 +230,7 @@ class PulpBuilder:
             clock=self.clock,
             warm=self.warm,
             seed=limits.seed,
+            work=limits.time_limit if limits.deterministic else None,
             mip=not limits.relax,
             gapRel=limits.relative_gap,
             threads=max(1, limits.threads),
@@ -227,6 +242,8 @@ class PulpBuilder:
 
         status = h.getModelStatus()
         info = h.getInfo()
+        if limits.deterministic and status == highspy.HighsModelStatus.kTimeLimit:
+            log.warning("milp: deterministic solve stopped by its wall-clock safety cap: not reproducible")
         has_sol = info.primal_solution_status >= 2
         stats = {
             "mip_nodes": float(max(info.mip_node_count, 0)),
@@ -252,10 +269,12 @@ class PulpBuilder:
         )
 
     def _solve_cbc(self, limits: SolveLimits) -> SolveResult:
+        _, nodes, cap = work_limits(limits.time_limit)
         solver = pulp.PULP_CBC_CMD(
             msg=False,
             mip=not limits.relax,
-            timeLimit=max(0.05, limits.time_limit),
+            timeLimit=cap if limits.deterministic else max(0.05, limits.time_limit),
+            maxNodes=nodes if limits.deterministic else None,
             gapRel=limits.relative_gap,
             threads=max(1, limits.threads),
             warmStart=self.warm is not None and not limits.relax,
@@ -272,6 +291,27 @@ class PulpBuilder:
         return SolveResult(
             status=st, value=_value, objective=obj, bound=obj if (optimal and limits.relax) else None
         )
+
+
+HIGHS_ITERATIONS_PER_SECOND = 20_000
+HIGHS_MIN_ITERATIONS = 1_000
+HIGHS_NODES_PER_SECOND = 50
+"""Deterministic budgets per nominal second (HiGHS 1.16, one thread of a loaded 2-core VM). HiGHS applies
+``simplex_iteration_limit`` to each LP it solves, not to the whole MIP, so the node budget is what bounds
+a MIP: measured 25-30 nodes/s with strong branching on the exact model (a node can cost ~1,000 simplex
+iterations), plus a fixed root cost (presolve, cuts, sub-MIPs: 0.1-0.4 s) that no option budgets."""
+
+
+def work_limits(seconds: float) -> tuple[int, int, float]:
+    """(simplex iterations, MIP nodes, wall-clock safety cap in s) for a deterministic budget of ``seconds``."""
+    from rollplan.solver.config import DETERMINISTIC_WALL_EXTRA, DETERMINISTIC_WALL_FACTOR
+
+    s = max(0.0, seconds)
+    return (
+        max(HIGHS_MIN_ITERATIONS, round(HIGHS_ITERATIONS_PER_SECOND * s)),
+        max(1, round(HIGHS_NODES_PER_SECOND * s)),
+        DETERMINISTIC_WALL_FACTOR * s + DETERMINISTIC_WALL_EXTRA,
+    )
 
 
 def _value(v: Var) -> float:
@@ -305,7 +345,7 @@ def lp_bound(inst: Instance, budget: float, *, upper: float | None = None) -> fl
         if left <= 0:
             return None
         res = builder.solve(
-            SolveLimits(time_limit=left, threads=inst.config.threads, seed=inst.config.seed, relax=True)
+            SolveLimits.of(inst.config, left, relax=True)
         )
         if res.status is not SolveStatus.OPTIMAL or res.bound is None:
             return None

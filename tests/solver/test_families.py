@@ -1,0 +1,85 @@
+"""Bench families (``rollplan.solver.families``) and ``rollplan snapshot example --family``.
+
+Invariants: every family snapshot passes the input checks and plans to a valid plan; the same arguments
+give the same snapshot; the hard families are what they claim (work-bound: the work bound above the
+critical-path bound; deadlines: a third of the slots due back 60 s after the snapshot; heterogeneous: three
+GPU kinds); the CLI prints the family's snapshot and refuses an unknown family with exit code 2.
+Slow (``-m slow``): hypothesis over families, sizes and seeds, every plan of every backend valid.
+"""
+
+from __future__ import annotations
+
+import pytest
+from factories import planner_config
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rollplan.models.errors import UnknownNameError
+from rollplan.models.io import snapshot_from_json
+from rollplan.solver import build_instance, critical_path_bound, plan, validate_plan, work_bound
+from rollplan.solver.cli import main
+from rollplan.solver.families import FAMILIES, LENT_DEADLINE_SECONDS, family_snapshot
+from rollplan.solver.inputs import check_inputs
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_snapshots_are_valid_and_deterministic(family: str) -> None:
+    snap = family_snapshot(family, 8, 128, seed=4)
+    assert check_inputs(snap) is snap and len(snap.slots) == 8 and len(snap.trajectories) == 128
+    assert family_snapshot(family, 8, 128, seed=4) == snap
+    assert family_snapshot(family, 8, 128, seed=5) != snap
+    p = plan(snap, config=planner_config(backend="greedy", time_limit=1.0))
+    validate_plan(snap, p)
+
+
+def test_families_are_hard_in_their_way() -> None:
+    wb = build_instance(family_snapshot("work-bound", 16, 256, seed=0), planner_config())
+    assert work_bound(wb) > 1.2 * critical_path_bound(wb)
+    dl = family_snapshot("deadlines", 12, 96)
+    due = [s.return_by - dl.time for s in dl.slots if s.return_by is not None]
+    assert len(due) == 4 and all(d == LENT_DEADLINE_SECONDS for d in due)
+    assert {s.gpu for s in family_snapshot("heterogeneous", 6, 24).slots} == {"h100", "h800", "a100"}
+    with pytest.raises(UnknownNameError):
+        family_snapshot("easy", 2, 4)
+
+
+def test_cli_snapshot_family(capsys) -> None:
+    argv = ["snapshot", "example", "--family", "long-tail", "--slots", "4", "--trajectories", "32", "--seed", "3"]
+    assert main(argv) == 0
+    assert snapshot_from_json(capsys.readouterr().out) == family_snapshot("long-tail", 4, 32, seed=3)
+    assert main(["snapshot", "example", "--family", "easy"]) == 2
+    assert "unknown snapshot family 'easy'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@settings(max_examples=10_000, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(FAMILIES),
+    st.integers(1, 6),
+    st.integers(0, 48),
+    st.integers(0, 10**6),
+    st.sampled_from(["greedy", "milp", "cpsat"]),
+)
+def test_every_family_plan_validates(family: str, n_slots: int, n_trajs: int, seed: int, backend: str) -> None:
+    """>= 10,000 family snapshots (sizes 1-6 slots x 0-48 trajectories), every backend: 0 invalid plans."""
+    snap = family_snapshot(family, n_slots, n_trajs, seed=seed)
+    p = plan(snap, config=planner_config(backend=backend, time_limit=0.05))
+    validate_plan(snap, p)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(FAMILIES), st.integers(1, 3), st.integers(1, 6), st.integers(0, 10**6))
+def test_bounds_hold_against_the_exhaustive_optimum_on_family_snapshots(
+    family: str, n_slots: int, n_trajs: int, seed: int
+) -> None:
+    """Every bound (``work_head`` included: long contexts make its heads matter) is at most the optimum."""
+    from rollplan.solver.backends.exhaustive import optimum
+    from rollplan.solver.bounds import compute_bounds
+
+    inst = build_instance(family_snapshot(family, n_slots, n_trajs, seed=seed), planner_config(switch_weight=0.0))
+    opt = optimum(inst)
+    assert opt is not None
+    for name, bound in compute_bounds(inst).items():
+        assert bound <= opt.min_makespan * (1 + 1e-7) + 1e-7, name
+    for name, bound in compute_bounds(inst, on_time=True).items():
+        assert bound <= opt.min_makespan_on_time * (1 + 1e-7) + 1e-7, name
