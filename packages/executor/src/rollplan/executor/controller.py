@@ -435,8 +435,8 @@ class Controller:
         now = self.clock()
         slots = []
         for s in self.slots.values():
-            if not s.usable:
-                continue
+            if not s.usable or (s.return_by is not None and s.return_by < now):
+                continue  # gone, or past its return (its watchdog is returning it): not the planner's any more
             state = s.engine_state
             slots.append(
                 Slot(
