@@ -220,7 +220,7 @@ def _finish(
             )
         else:
             starts = [finish[p] for p in prefill_slots]
-            rates = [inst.slots[p].mu for p in prefill_slots]
+            rates = [inst.slots[p].mu_p for p in prefill_slots]
             t_fill = waterfill_finish(starts, rates, prefill_for_decode)
             for p in prefill_slots:
                 finish[p] = max(finish[p], t_fill)

@@ -8,7 +8,11 @@ Notations (times in seconds relative to the snapshot time, tokens in tokens):
   s in S        slots in the snapshot;  j in J  unfinished trajectories
   r in R        roles {OFF, MIXED, PREFILL, DECODE}
   a_s, c_s      decode step time tau_s(b) = a_s + c_s * b (linearised at the representative KV length)
-  mu_s          prefill throughput of slot s (tokens/s, chunk of ``PREFILL_CHUNK`` at the representative context)
+  mu_s          prefill rate of slot s in its decoding roles (tokens/s): a chunk of ``PREFILL_CHUNK - b`` tokens
+                batched with b = the reference batch of decodes in one forward pass adds
+                ``t_chunk - S(b)`` seconds to the slot's time (``PerfModel.step_time``: the weights are read once;
+                S(b) = t_dec(b) + t_chunk - t_mix); linearised once per solve at the representative context
+  mup_s         prefill throughput of slot s as a PREFILL slot (prefill-only steps: chunk / t_chunk); <= mu_s
   Kcap_s        KV capacity of slot s (tokens)
   nmax          max concurrent sequences per engine (vLLM ``max_num_seqs``)
   D_j           predicted remaining decode tokens of j
@@ -86,6 +90,7 @@ class SlotCoeffs:
     a: float
     c: float
     mu: float
+    mu_p: float
     kv_capacity: float
     on_seconds: float
     engine_seconds: float
@@ -141,6 +146,7 @@ class InstanceArrays:
     a: np.ndarray
     c: np.ndarray
     mu: np.ndarray
+    mu_p: np.ndarray
     kv: np.ndarray
     tau: np.ndarray
     same: np.ndarray
@@ -354,6 +360,7 @@ def _slot_arrays(slots: Sequence[SlotCoeffs], rsw: float) -> dict[str, np.ndarra
     a = np.array([s.a for s in sl], dtype=float)
     c = np.array([s.c for s in sl], dtype=float)
     mu = np.array([s.mu for s in sl], dtype=float)
+    mu_p = np.array([s.mu_p for s in sl], dtype=float)
     kv = np.array([s.kv_capacity for s in sl], dtype=float)
     tau = np.array([s.tau_ref for s in sl], dtype=float)
     same = np.array([s.same_node_kv_rate for s in sl], dtype=float)
@@ -373,6 +380,7 @@ def _slot_arrays(slots: Sequence[SlotCoeffs], rsw: float) -> dict[str, np.ndarra
         "a": a,
         "c": c,
         "mu": mu,
+        "mu_p": mu_p,
         "kv": kv,
         "tau": tau,
         "same": same,
@@ -419,6 +427,7 @@ class _TypeNumbers:
     a: float
     c: float
     mu: float
+    mu_p: float
     kv_capacity: float
     cold: float
     wake: float
@@ -428,18 +437,34 @@ class _TypeNumbers:
     cross: float
 
 
+def mixed_prefill_rate(perf: PerfModel, kv_ref: float, batch_ref: float) -> float:
+    """``mu_s`` (Notations): prefill tokens per second a decoding slot adds to its time when its chunks run
+    batched with ``batch_ref`` decodes at ``kv_ref`` KV tokens each (the simulator's MIXED steps, priced the
+    same way: ``rollplan.sim.engine.FastPerf.overlap``). Never below the prefill-only rate."""
+    b = max(1, round(batch_ref))
+    chunk = max(PREFILL_CHUNK - b, 1)
+    kv = float(kv_ref)
+    dec = perf.decode_step_time(b, kv)
+    mixed = perf.step_time(chunk, int(kv), b, b * kv)
+    added = max(mixed - dec, 1e-12)  # t_chunk - S(b)
+    prefill_only = PREFILL_CHUNK / perf.prefill_time([PREFILL_CHUNK], [int(kv)])  # mup_s
+    return max(chunk / added, prefill_only)
+
+
 def _type_numbers(perf: PerfModel, kv_ref: float, mem_util: float) -> _TypeNumbers:
     a, c = _decode_line(perf, kv_ref)
-    mu = PREFILL_CHUNK / perf.prefill_time([PREFILL_CHUNK], [int(kv_ref)])
+    mu_p = PREFILL_CHUNK / perf.prefill_time([PREFILL_CHUNK], [int(kv_ref)])
     kvcap = float(perf.kv_capacity_tokens(mem_util))
     probe = 1 << 20
     same = probe / max(perf.kv_transfer_time(probe, True) - perf.kv_transfer_time(0, True), 1e-12)
     cross = probe / max(perf.kv_transfer_time(probe, False) - perf.kv_transfer_time(0, False), 1e-12)
     batch_ref = min(BATCH_REF, max(1.0, kvcap / max(kv_ref, 1.0)))
+    mu = mixed_prefill_rate(perf, kv_ref, batch_ref)
     return _TypeNumbers(
         a=a,
         c=c,
         mu=mu,
+        mu_p=mu_p,
         kv_capacity=kvcap,
         cold=perf.cold_start_time(),
         wake=perf.wake_time(),
@@ -464,6 +489,7 @@ def _slot_coeffs(slot: Slot, nums: _TypeNumbers, snap: ClusterSnapshot) -> SlotC
         a=nums.a,
         c=nums.c,
         mu=nums.mu,
+        mu_p=nums.mu_p,
         kv_capacity=nums.kv_capacity,
         on_seconds=engine_s + sync_s,
         engine_seconds=engine_s,

@@ -109,6 +109,7 @@ class SlotGroup:
     off_cost: float  # role-switch GPU-seconds of turning one slot of the group OFF (0 if OFF now)
     deadline: float  # the bucket's earliest deadline, inf when none (or none that matters)
     mu: float
+    mu_p: float  # prefill-only throughput of one slot (a PREFILL slot)
     homed: int  # trajectories whose KV lives on the group's slots
     move_mean: float  # mean seconds to move one of them elsewhere
 
@@ -226,6 +227,7 @@ def aggregate(
                 off_cost=rsw * prep.tp[s0] if sl.is_on_now else 0.0,
                 deadline=min(relevant[s] for s in members),
                 mu=mu,
+                mu_p=float(x.mu_p[s0]),
                 homed=int(homed[g]),
                 move_mean=move_mean,
             )
@@ -424,7 +426,7 @@ class AggregateFormulation:
         need = [(-agg.pbar[k], v) for (k, _g, r), v in self.X.items() if r is Role.DECODE and agg.pbar[k] > 0]
         m.add(
             "a6_prefill_balance",
-            [(grp.mu, self.pf[g]) for g, grp in enumerate(agg.groups)] + need,
+            [(grp.mu_p, self.pf[g]) for g, grp in enumerate(agg.groups)] + need,
             Sense.GE,
             0.0,
         )
@@ -700,7 +702,7 @@ def bound_lp(inst: Instance, factory: type, *, budget: float, upper: float | Non
                 0.0,
             )
     need = [(-agg.pbar[k], v) for (k, _g, r), v in X.items() if r is Role.DECODE and agg.pbar[k] > 0]
-    m.add("b6_prefill_balance", [(grp.mu, pf[g]) for g, grp in enumerate(agg.groups)] + need, Sense.GE, 0.0)
+    m.add("b6_prefill_balance", [(grp.mu_p, pf[g]) for g, grp in enumerate(agg.groups)] + need, Sense.GE, 0.0)
     cp = critical_path_bound(inst, x)
     m.add("b7_longest_path", [(1.0, C)], Sense.GE, cp)
     builder.set_objective([ObjectivePart(TERM_MAKESPAN, 1.0, [(1.0, C)])])

@@ -246,12 +246,12 @@ class ExactFormulation:
         """M_G: the water level never exceeds the latest PREFILL start + all prefill on the slowest slot."""
         if not self.has_prefill:
             return 0.0
-        slowest = min(sl.mu for sl in self.inst.slots)
+        slowest = min(sl.mu_p for sl in self.inst.slots)
         return (max(st[Role.PREFILL] for st in self.st) + self.prefill_total / slowest) * 1.001 + 0.01
 
     def pf_cap(self, p: int) -> float:
         """Big-M of pf[p]: all prefill on p, with slack so that CP-SAT's millisecond rounding keeps it valid."""
-        return self.prefill_total / self.inst.slots[p].mu * 1.001 + 0.01
+        return self.prefill_total / self.inst.slots[p].mu_p * 1.001 + 0.01
 
     @property
     def horizon(self) -> float:
@@ -386,7 +386,7 @@ class ExactFormulation:
             if inst.trajs[j].prefill > 0
             for s in self.fit[j]
         ]
-        m.add("c5_balance", [(sl.mu, self.pf[p]) for p, sl in enumerate(inst.slots)] + work, Sense.GE, 0.0)
+        m.add("c5_balance", [(sl.mu_p, self.pf[p]) for p, sl in enumerate(inst.slots)] + work, Sense.GE, 0.0)
         big_g = self.big_g
         for p in range(len(inst.slots)):
             m.add(f"c5_share_on_s{p}", [(1.0, self.pf[p]), (-self.pf_cap(p), self.z[p])], Sense.LE, 0.0)
@@ -602,7 +602,7 @@ class ExactFormulation:
             level = 0.0
             if work > 0:
                 level = waterfill_finish(
-                    [self.st[p][Role.PREFILL] for p in pre], [inst.slots[p].mu for p in pre], work
+                    [self.st[p][Role.PREFILL] for p in pre], [inst.slots[p].mu_p for p in pre], work
                 )
             g = 0.0
             for p in self.S:

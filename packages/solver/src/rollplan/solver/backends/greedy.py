@@ -397,7 +397,7 @@ class _State:
         for j, m in _moves(self.prep, self.where):
             switching += m * inst.slots[self.where[j]].tp
         if prefill_work > 0 and pre:
-            t_fill = waterfill_finish([finish[p] for p in pre], [inst.slots[p].mu for p in pre], prefill_work)
+            t_fill = waterfill_finish([finish[p] for p in pre], [inst.slots[p].mu_p for p in pre], prefill_work)
             for p in pre:
                 finish[p] = max(finish[p], t_fill)
         overrun = sum(
@@ -829,7 +829,7 @@ def _fluid(prep: _Prep, codes: np.ndarray) -> tuple[float, float]:
     t_pre = 0.0
     if n_decode_role:
         frac = n_decode_role / int(dec.sum())
-        t_pre = waterfill_finish(st[pre].tolist(), x.mu[pre].tolist(), float(x.P.sum()) * frac)
+        t_pre = waterfill_finish(st[pre].tolist(), x.mu_p[pre].tolist(), float(x.P.sum()) * frac)
     # Longest critical paths, each on the type it fits that finishes it first.
     cp = 0.0
     if prep.top_cp.shape[1]:

@@ -89,6 +89,7 @@ class Prep:
         self.c: list[float] = x.c.tolist()
         self.phic: list[float] = (inst.phi * x.c).tolist()  # phi c_s
         self.mu: list[float] = x.mu.tolist()
+        self.mu_p: list[float] = x.mu_p.tolist()
         self.same: list[float] = x.same.tolist()
         self.cross: list[float] = x.cross.tolist()
         self.tp: list[float] = x.tp.tolist()
@@ -267,7 +268,7 @@ class SlotState:
         pre = [s for s, r in enumerate(self.roles) if r is Role.PREFILL]
         if not pre:
             return math.inf
-        return waterfill_finish([self.st[s] for s in pre], [self.prep.mu[s] for s in pre], self.prefill_work)
+        return waterfill_finish([self.st[s] for s in pre], [self.prep.mu_p[s] for s in pre], self.prefill_work)
 
     def slot_finish(self, s: int, level: float) -> float:
         if self.roles[s] is Role.PREFILL:
