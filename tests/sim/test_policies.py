@@ -184,8 +184,11 @@ class _AuditedRollplan(RollplanPolicy):
         idx = super().choose_slot(sim, j)
         if idx is not None:
             s, t = sim.slots[idx], sim.trajs[j]
-            top = max(self._cp.values())
-            crit = {k for k, v in self._cp.items() if v >= CRITICAL_SHARE * top}
+            # Predicted-critical: among the predictions made with information about the trajectory (its group's
+            # or its prompt's history: rollplan.policy.dispatch.INFORMED_SOURCES), as they were made.
+            inf = {k: v for k, v in self._cp.items() if k in self._informed}
+            top = max(inf.values(), default=0.0)
+            crit = {k for k, v in inf.items() if v >= CRITICAL_SHARE * top}
             guarded = j in crit or any(r in crit for r in s.residents if r != j)
             if self._bulk_bound:
                 h = self.kv_headroom if guarded else self.bulk_headroom
@@ -230,7 +233,8 @@ def test_rollplan_headroom_never_holds_back_what_an_empty_gpu_takes() -> None:
     # A headroom larger than an empty GPU could leave after a long trajectory would keep it pending forever
     # (the replay would stall). Capped, every trajectory runs; the cap is exercised (some admission's rule
     # asked for more than an empty GPU leaves).
-    src = BatchSource.dataset(builtin_bases(7, prompts=24), groups=6, samples=4, seed=7, max_context=40960)
+    # Six prompts, all in the two warm-up batches' history: their predictions are informed, so critical ones exist.
+    src = BatchSource.dataset(builtin_bases(7, prompts=6), groups=6, samples=4, seed=7, max_context=40960)
     sc = Scenario("cap", src, dedicated=2, max_batches=1, warmup_batches=2, sim=SimConfig(mem_util=0.5),
                   replan_interval_s=60.0, seed=7)
     pol = _AuditedRollplan(critical_headroom=0.97)
@@ -371,3 +375,27 @@ def test_simulator_admission_is_the_decision_cores() -> None:
         for pol in (_OracleRollplan(), _OracleElasticPlus()):
             assert run_policy(sc, pol).summary["trajectories_completed"] == 2 * 96
             assert pol.compared > 100 and not pol.mismatches, (pol.name, pol.mismatches[:5])
+
+
+def test_only_informed_predictions_make_a_trajectory_critical() -> None:
+    # With no history, every trajectory starts with the same uninformed prediction (the prior, then the mean of
+    # whatever finished): none is predicted-critical until its group's first sibling finishes; afterwards every
+    # critical trajectory has a group- or history-based prediction (rollplan.policy.dispatch.INFORMED_SOURCES).
+    class _Watch(RollplanPolicy):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[tuple[int, bool]] = []  # (critical count, all critical informed)
+
+        def choose_slot(self, sim, j):
+            crit = self._critical()
+            ok = crit <= self._informed
+            self.seen.append((len(crit), ok))
+            return super().choose_slot(sim, j)
+
+    src = BatchSource.dataset(builtin_bases(3, prompts=12), groups=6, samples=4, seed=3, max_context=40960)
+    sc = Scenario("informed", src, dedicated=1, max_batches=1, sim=SimConfig(mem_util=0.35), seed=3)
+    pol = _Watch()
+    assert run_policy(sc, pol).summary["trajectories_completed"] == 24
+    assert pol.seen[0][0] == 0  # batch start, nothing known: nobody critical
+    assert any(n > 0 for n, _ok in pol.seen)  # once siblings finish, group predictions single some out
+    assert all(ok for _n, ok in pol.seen)

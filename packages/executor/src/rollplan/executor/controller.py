@@ -52,6 +52,7 @@ from rollplan.models import (
     Trajectory,
 )
 from rollplan.policy.dispatch import (
+    INFORMED_SOURCES,
     DispatchQueue,
     Headrooms,
     SlotLoad,
@@ -274,8 +275,10 @@ class Controller:
         applied, an engine serving)."""
         if not len(self.waiting):
             return []
-        paths = {r.id: self.path(r) for r in self.runs.values() if r.phase is not Phase.DONE}
-        critical = critical_set(paths) if self.headrooms.default > 0 else set()
+        live = [r for r in self.runs.values() if r.phase is not Phase.DONE]
+        paths = {r.id: self.path(r) for r in live}
+        informed = {r.id for r in live if self.predict(r).source in INFORMED_SOURCES}
+        critical = critical_set(paths, informed=informed) if self.headrooms.default > 0 else set()
         made: list[tuple[str, str]] = []
         for rid in list(self.waiting.order()):
             run = self.runs.get(rid)

@@ -44,6 +44,7 @@ from rollplan.policy.dispatch import (
     CRITICAL_HEADROOM,
     CRITICAL_SHARE,
     DISPATCH_Z,
+    INFORMED_SOURCES,
     KV_HEADROOM,
     Headrooms,
     critical_set,
@@ -364,6 +365,7 @@ class RollplanPolicy(BasePolicy):
         self.predictor = Predictor()
         self.planner: Any = None
         self._cp: dict[int, float] = {}
+        self._informed: set[int] = set()  # trajectories whose prediction knows them (INFORMED_SOURCES)
         self._floors: dict[str, Any] = {}
         self._heap: list[tuple[float, int, int]] = []
         self._batch = -1
@@ -401,6 +403,7 @@ class RollplanPolicy(BasePolicy):
         a = self._a_ref
         sds = rem[4]
         self._cp[j] = pessimistic_path(rem[0], sds[0], rem[2], sds[2], a)
+        self._note_source(t.key, t.group, j)
         return rem
 
     def snapshot(self, sim: Simulator) -> Any:
@@ -445,6 +448,7 @@ class RollplanPolicy(BasePolicy):
                                       Estimate(tool, sds[2]), Estimate(turns, sds[3])))
             else:
                 cp[t.idx] = hit[0]
+                self._note_source(t.key, t.group, t.idx)
             st = t.state
             phase = decoding if (st == RUN or st in IN_FLIGHT) else (in_tool if st == TOOL else pending)
             home = slot_ids[t.slot] if t.slot >= 0 and (t.kv_ok or st in IN_FLIGHT) else None
@@ -473,6 +477,7 @@ class RollplanPolicy(BasePolicy):
         if sim.batch != self._batch:
             self._batch = sim.batch
             self._cp = {}
+            self._informed = set()
             self._crit = None
             self._floors = {}
             self._heap = []
@@ -581,7 +586,7 @@ class RollplanPolicy(BasePolicy):
         if cp is None:
             self._predict(sim, j)
             cp = self._cp[j]
-            if self._crit is not None:
+            if self._crit is not None and j in self._informed:
                 if cp > self._cp_max:
                     self._crit = None
                 elif cp >= CRITICAL_SHARE * self._cp_max:
@@ -607,12 +612,20 @@ class RollplanPolicy(BasePolicy):
             if h and h[0][2] == j and trajs[j].pseq != seq:
                 heapq.heappop(h)
 
+    def _note_source(self, key: str, group: str, j: int) -> None:
+        if self.predictor.source(key, group) in INFORMED_SOURCES:
+            self._informed.add(j)
+        else:
+            self._informed.discard(j)
+
     def _critical(self) -> set[int]:
-        """The predicted-critical trajectories (``CRITICAL_SHARE``), recomputed from ``_cp`` when reset."""
+        """The predicted-critical trajectories (``CRITICAL_SHARE`` of the largest path, among those whose
+        prediction is informed: ``INFORMED_SOURCES``), recomputed from ``_cp`` when reset."""
         if self._crit is None:
             cp = self._cp
-            self._cp_max = max(cp.values(), default=0.0)
-            self._crit = critical_set(cp, CRITICAL_SHARE)
+            inf = self._informed
+            self._cp_max = max((v for k, v in cp.items() if k in inf), default=0.0)
+            self._crit = critical_set(cp, CRITICAL_SHARE, inf)
             self._crit_slots_at = -1.0
         return self._crit
 
@@ -701,6 +714,7 @@ class RollplanPolicy(BasePolicy):
         self.predictor.observe(t.key, t.group, Totals(float(sum(t.dec)), float(sum(t.pf[1:])), float(sum(t.tool)),
                                                       float(t.n)))
         self._cp.pop(j, None)
+        self._informed.discard(j)
         if self._crit is not None and j in self._crit:
             self._crit = None  # the largest may have gone: recompute
 
@@ -765,6 +779,7 @@ class ElasticPlus(RollplanPolicy):
                 memo[point] = cp[t.idx]
             else:
                 cp[t.idx] = hit
+                self._note_source(t.key, t.group, t.idx)
         self._rebuild_heap(sim)
 
     def choose_slot(self, sim: Simulator, j: int) -> int | None:

@@ -26,7 +26,7 @@ of the queue blocks the rest (an engine's FCFS admission), see ``DispatchQueue``
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -72,6 +72,12 @@ traces (1, 0.85, 0.8, 0.75 and 0.7 tried; ad-hoc script)."""
 CRITICAL_SHARE = 0.85
 """A trajectory is predicted-critical when its pessimistic remaining critical path (see ``DISPATCH_Z``) is at
 least this share of the largest one of the batch's unfinished trajectories (0.5, 0.7 and 0.85 tried)."""
+INFORMED_SOURCES = frozenset(("group", "history"))
+"""Prediction sources (``rollplan.policy.predict``) that know something about the trajectory itself: its
+group's finished siblings or its prompt's history. Only such trajectories can be predicted-critical: the
+prior and the mean over every finished trajectory give every trajectory without information the same
+prediction, so "the longest predicted" would single out all of them (a batch of unseen prompts would have every
+trajectory critical and every admission held to the critical headroom)."""
 
 
 def pessimistic_path(decode: float, decode_spread: float, tool: float, tool_spread: float, step_s: float,
@@ -81,8 +87,12 @@ def pessimistic_path(decode: float, decode_spread: float, tool: float, tool_spre
     return decode * step_s + tool + z * (decode_spread * step_s + tool_spread)
 
 
-def critical_set(paths: Mapping[K, float], share: float = CRITICAL_SHARE) -> set[K]:
-    """The predicted-critical trajectories: ``path_j >= share * max_k path_k``."""
+def critical_set(paths: Mapping[K, float], share: float = CRITICAL_SHARE,
+                 informed: Collection[K] | None = None) -> set[K]:
+    """The predicted-critical trajectories: ``path_j >= share * max_k path_k``, over the trajectories whose
+    prediction is ``informed`` (``INFORMED_SOURCES``) when that set is given."""
+    if informed is not None:
+        paths = {k: v for k, v in paths.items() if k in informed}
     top = max(paths.values(), default=0.0)
     return {k for k, v in paths.items() if v >= share * top}
 

@@ -181,6 +181,11 @@ class Predictor:
         return Remaining(Estimate(dec, min(rem.decode.spread, dec)), rem.prefill, rem.tool,
                          Estimate(turns, min(rem.turns.spread, turns_left)), rem.source)
 
+    def source(self, key: str, group: str) -> str:
+        """Where a prediction for (``key``, ``group``) comes from now: "group", "history", "global" or
+        "default" (see the module docstring)."""
+        return self._cached_total(key, group)[2]
+
     def _cached_total(self, key: str, group: str) -> tuple[Totals, tuple[float, float, float, float], str]:
         hit = self._memo.get((key, group))
         if hit is None:
