@@ -324,3 +324,128 @@ def test_a_calibration_for_another_gpu_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UserInputError, match="calibration field 'gpu' is 'h100'") as info:
         perf_model("h200", "qwen3-8b", calibration=path)
     assert "--gpu h100" in str(info.value)
+
+
+# --- mixed steps (a prefill chunk batched with decodes) -----------------------------------------------------
+
+MIX = (0.006, 5e-5, 5e-8, 1.1e-6)  # fixed, per token (chunk + decodes), per chunk attention work, per KV token read
+
+
+def mixed_truth(p: int, c: int, b: int, kv: float) -> float:
+    return MIX[0] + MIX[1] * (p + b) + MIX[2] * p * (c + p / 2) + MIX[3] * kv
+
+
+MIXED_GRID = [(p, c, b, b * kv) for p in (32, 128, 400) for c in (0, 256) for b in (1, 4, 16) for kv in (60, 300)]
+
+
+def test_fit_profile_recovers_mixed_steps_within_2_percent(tmp_path: Path) -> None:
+    # Synthetic mixed steps from a known monotone model with +-1% deterministic noise, beside the decode and
+    # prefill records of the synthetic profile: the fit recovers the model within 2% at every measured point
+    # and at points it never saw, and step_time uses it (the grid lies between the larger part and the sum).
+    rng = np.random.default_rng(0)
+    lines = synthetic_profile()
+    for p, c, b, kv in MIXED_GRID:
+        t = mixed_truth(p, c, b, kv) * (1 + rng.uniform(-0.01, 0.01))
+        lines.append(json.dumps({"phase": "mixed", "prefill_tokens": p, "prefill_context": c, "decode_seqs": b,
+                                 "decode_kv_tokens": kv, "seconds": t}))
+    cal = fitting.fit_profile(fitting.parse_profile(lines, source="mixed.jsonl"), "cpu", "tiny")
+    step = cal.step_fit("tiny", 1)
+    assert step is not None and step.mixed is not None and all(x >= 0 for x in step.mixed)
+    assert cal.report["mape"]["mixed_form"] < 0.02
+    path = tmp_path / "cpu_tiny.json"
+    save_calibration(cal, path)
+    perf = load_calibrated(path)
+    step = perf.calibration.step_fit("tiny", 1)
+    assert step is not None and step.mixed is not None
+    inside = 0
+    for p, c, b, kv in [*MIXED_GRID, (64, 100, 2, 500.0), (256, 0, 12, 2000.0), (200, 300, 8, 1600.0)]:
+        truth = mixed_truth(p, c, b, kv)
+        assert step.mixed_fit_time(p, c, b, kv) == pytest.approx(truth, rel=0.02)
+        # step_time: the fit, kept between the larger part and the sum of the (synthetic) decode and prefill fits
+        dec, pre = perf.decode_step_time(b, kv / b), perf.prefill_time([p], [c])
+        assert perf.step_time(p, c, b, kv) == pytest.approx(min(max(truth, dec, pre), dec + pre), rel=0.02)
+        inside += max(dec, pre) < truth < dec + pre
+    assert inside >= 10  # enough points where step_time is the fit itself
+
+
+def test_mixed_fit_is_kept_between_the_larger_part_and_the_sum() -> None:
+    from rollplan.models.perf.calibrated import StepFit
+
+    # A mixed fit far below the parts (and one far above) is clamped: monotone, special cases intact.
+    for mixed in ((1e-5, 0.0, 0.0, 0.0), (1.0, 1e-3, 1e-6, 1e-4)):
+        fit = StepFit("tiny", 1, decode=DEC, prefill=PRE, mixed=mixed)
+        perf = Calibration(gpu="cpu", steps=(fit,)).perf_model("tiny", 1)
+        for p, c, b, kv in MIXED_GRID:
+            dec, pre, got = perf.decode_step_time(b, kv / b), perf.prefill_time([p], [c]), perf.step_time(p, c, b, kv)
+            assert max(dec, pre) * (1 - 1e-12) <= got <= (dec + pre) * (1 + 1e-12)
+            for i in range(4):
+                more = [p, c, b, kv]
+                more[i] += 7
+                assert perf.step_time(*more) >= got * (1 - 1e-12)  # type: ignore[arg-type]
+        assert perf.step_time(0, 0, 4, 400) == perf.decode_step_time(4, 100)
+        assert perf.step_time(128, 0, 0, 0) == perf.prefill_time([128], [0])
+
+
+def test_mixed_fit_with_few_points_falls_back_to_fewer_terms() -> None:
+    one = '{"phase": "mixed", "prefill_tokens": 64, "decode_seqs": 4, "decode_kv_tokens": 400, "seconds": 0.02}'
+    step = fitting.fit_profile(fitting.parse_profile([one]), "cpu", "tiny").step_fit("tiny", 1)
+    assert step is not None and step.mixed == (0.02, 0.0, 0.0, 0.0)
+
+
+def test_calibration_files_without_a_mixed_fit_still_load(tmp_path: Path) -> None:
+    # Files written before mixed fits existed have no "mixed" key: they load, and step_time keeps the
+    # decode + chunk rule (less one intercept).
+    from rollplan.models.perf.calibrated import StepFit, calibration_to_dict
+
+    cal = Calibration(gpu="cpu", steps=(StepFit("tiny", 1, decode=DEC, prefill=PRE),))
+    doc = calibration_to_dict(cal)
+    for s in doc["steps"]:
+        s.pop("mixed")
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    perf = load_calibrated(path)
+    step = perf.calibration.step_fit("tiny", 1)
+    assert step is not None and step.mixed is None
+    assert perf.step_time(128, 0, 8, 2400) == pytest.approx(step.mixed_time(128, 0, 8, 2400))
+    # A negative mixed coefficient is refused naming the field.
+    doc["steps"][0]["mixed"] = [0.01, -1.0, 0.0, 0.0]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UserInputError, match=re.escape("old.json: steps.0.mixed.1: must be a finite number >= 0")):
+        load_calibrated(path)
+
+
+MIXED_OK = {"phase": "mixed", "prefill_tokens": 128, "prefill_context": 0, "decode_seqs": 8, "decode_kv_tokens": 2400,
+            "seconds": 0.02}
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        ({"prefill_tokens": 0}, "m.jsonl:2: mixed needs prefill_tokens >= 1 and decode_seqs >= 1"),
+        ({"decode_seqs": 0}, "m.jsonl:2: mixed needs prefill_tokens >= 1 and decode_seqs >= 1"),
+        ({"prefill_tokens": 12.5}, "m.jsonl:2: field 'prefill_tokens' must be an integer"),
+        ({"decode_seqs": True}, "m.jsonl:2: field 'decode_seqs' must be an integer"),
+        ({"prefill_context": -1}, "m.jsonl:2: field 'prefill_context' must be an integer >= 0"),
+        ({"decode_kv_tokens": 3}, "m.jsonl:2: mixed needs decode_kv_tokens >= decode_seqs (8)"),
+        ({"decode_kv_tokens": "many"}, "m.jsonl:2: field 'decode_kv_tokens' must be a number"),
+        ({"seconds": 0}, "m.jsonl:2: field 'seconds' must be > 0"),
+        ({"decode_seqs": None}, "m.jsonl:2: field 'decode_seqs' must be an integer"),
+    ],
+)
+def test_bad_mixed_records_name_file_line(edit: dict, match: str) -> None:
+    rec = {**MIXED_OK, **edit}
+    with pytest.raises(TraceError, match=re.escape(match)) as info:
+        fitting.parse_profile(['{"phase": "wake", "seconds": 0.1}', json.dumps(rec)], source="m.jsonl")
+    msg = str(info.value)
+    assert "To fix:" in msg and "\n" not in msg
+
+
+def test_a_mixed_record_without_a_required_field_names_it() -> None:
+    rec = dict(MIXED_OK)
+    rec.pop("decode_kv_tokens")
+    with pytest.raises(TraceError, match=re.escape("m.jsonl:1: missing field 'decode_kv_tokens'")):
+        fitting.parse_profile([json.dumps(rec)], source="m.jsonl")
+    rec = dict(MIXED_OK)
+    rec.pop("prefill_context")  # optional: nothing cached
+    (got,) = fitting.parse_profile([json.dumps(rec)], source="m.jsonl")
+    assert (got.prefill_tokens, got.prefill_context, got.decode_seqs, got.decode_kv_tokens) == (128, 0, 8, 2400.0)

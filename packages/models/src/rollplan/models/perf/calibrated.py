@@ -88,9 +88,12 @@ class StepFit:
     """Whole-step fits for one model at one TP degree (from profiler output), seconds.
 
     decode step = ``decode[0] + decode[1] * batch + decode[2] * batch * kv_tokens``;
-    prefill = ``prefill[0] + prefill[1] * tokens + prefill[2] * sum(n * (cached + n / 2)) + prefill[3] * seqs``.
-    All coefficients are >= 0, so both are monotone in every argument. ``switch`` holds switching times
-    measured with this model; they take precedence over the calibration-wide ``switch``.
+    prefill = ``prefill[0] + prefill[1] * tokens + prefill[2] * sum(n * (cached + n / 2)) + prefill[3] * seqs``;
+    mixed step (a chunk of ``new`` tokens after ``cached`` ones, batched with ``batch`` decodes reading
+    ``kv_total`` KV tokens in all) = ``mixed[0] + mixed[1] * (new + batch) + mixed[2] * new * (cached + new / 2)
+    + mixed[3] * kv_total``, fitted on measured mixed steps (``None``: not measured; older files have no such
+    field). All coefficients are >= 0, so every form is monotone in every argument. ``switch`` holds switching
+    times measured with this model; they take precedence over the calibration-wide ``switch``.
     """
 
     model: str
@@ -99,6 +102,7 @@ class StepFit:
     prefill: tuple[float, float, float, float] | None = None
     kv_capacity_tokens: int | None = None  # as the engine reported it (e.g. vLLM CPU's VLLM_CPU_KVCACHE_SPACE)
     switch: SwitchFit | None = None  # switching measured on this model (engine start, wake, sync, role switch)
+    mixed: tuple[float, float, float, float] | None = None  # last, so older positional constructions still work
 
     def decode_time(self, batch: int, kv_tokens: float) -> float:
         assert self.decode is not None
@@ -118,6 +122,12 @@ class StepFit:
         dec = self.decode_time(batch, kv_total / batch if batch > 0 else 0.0)
         pre = self.prefill_time([new], [cached])
         return dec + pre - min(self.decode[0], self.prefill[0])
+
+    def mixed_fit_time(self, new: int, cached: int, batch: int, kv_total: float) -> float:
+        """The fitted mixed-step form (see the class docstring); needs ``mixed``."""
+        assert self.mixed is not None
+        a, b, c, d = self.mixed
+        return a + b * (new + batch) + c * new * (cached + new / 2.0) + d * kv_total
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +221,10 @@ class CalibratedPerfModel:
         """See ``PerfModel.step_time``. With a whole-step profile fit for this model and TP: the decode step
         plus the prefill chunk (each from the profile where it measured that phase, else from the kernels) less
         the smaller of their fixed per-step parts (the step's fixed host work is paid once; equals
-        ``StepFit.mixed_time`` when both phases were profiled); otherwise the kernel composition (``mixed_step``)."""
+        ``StepFit.mixed_time`` when both phases were profiled); otherwise the kernel composition (``mixed_step``).
+        A profile that measured mixed steps (``StepFit.mixed``) prices the step by that fit instead, kept between
+        the larger part and the sum of the parts (so the special cases, monotonicity and
+        ``max(decode, chunk) <= step <= decode + chunk`` hold on every path)."""
         check_step_args(prefill_tokens, prefill_context, decode_seqs, decode_kv_tokens)
         if prefill_tokens <= 0 and decode_seqs <= 0:
             return 0.0
@@ -220,7 +233,7 @@ class CalibratedPerfModel:
         if decode_seqs <= 0:
             return self.prefill_time([int(prefill_tokens)], [int(prefill_context)])
         step = self._step
-        if step is not None and (step.decode is not None or step.prefill is not None):
+        if step is not None and (step.decode is not None or step.prefill is not None or step.mixed is not None):
             # Each part from where its single-phase time comes from (profile fit, else kernels), the fixed
             # per-step work paid once: the smaller fixed part is dropped, which keeps max(parts) <= step <= sum.
             dec = self.decode_step_time(int(decode_seqs), decode_kv_tokens / decode_seqs)
@@ -228,6 +241,11 @@ class CalibratedPerfModel:
             fixed = self._kernels.step_overhead(0)
             fixed_dec = step.decode[0] if step.decode is not None else fixed
             fixed_pre = step.prefill[0] if step.prefill is not None else fixed
+            if step.mixed is not None:
+                # Clamping a monotone fit between two monotone bounds (max <= sum) keeps it monotone.
+                fitted = step.mixed_fit_time(int(prefill_tokens), int(prefill_context), int(decode_seqs),
+                                             float(decode_kv_tokens))
+                return min(max(fitted, dec, pre), dec + pre)
             return dec + pre - min(fixed_dec, fixed_pre)
         kv = decode_kv_tokens / decode_seqs
         return mixed_step(self._kernels, self._shapes, [int(prefill_tokens)], [int(prefill_context)], int(decode_seqs), kv).total

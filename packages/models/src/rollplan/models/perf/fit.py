@@ -786,7 +786,7 @@ def fit_tables(data_dir: str | Path, gpu: str, *, source: str = "") -> Calibrati
 # --- profiler output -----------------------------------------------------------------------------------------
 
 PROFILE_PHASES = (
-    "decode", "prefill", "reprefill", "engine_start", "wake", "weight_sync", "kv_transfer", "role_switch", "kv_capacity",
+    "decode", "prefill", "mixed", "reprefill", "engine_start", "wake", "weight_sync", "kv_transfer", "role_switch", "kv_capacity",
 )
 
 
@@ -804,6 +804,12 @@ class ProfileRecord:
     nbytes: float = 0.0
     same_node: bool | None = None
     line: int = 0
+    # mixed steps: a chunk of ``prefill_tokens`` after ``prefill_context`` cached, with ``decode_seqs`` decodes
+    # reading ``decode_kv_tokens`` KV tokens in all
+    prefill_tokens: int = 0
+    prefill_context: int = 0
+    decode_seqs: int = 0
+    decode_kv_tokens: float = 0.0
 
 
 def _field(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], source: str, line: int, fix: str) -> Any:
@@ -863,6 +869,22 @@ def parse_profile(lines: Iterable[str], *, source: str = "<profile>") -> list[Pr
                                  "(and cached_tokens, if given, of the same length, >= 0)",
                                  fix='e.g. {"phase": "prefill", "prompt_tokens": [512, 128], "seconds": 0.05}')
             rec = replace(rec, prompt_tokens=tuple(prompts), cached_tokens=tuple(cached))
+        elif phase == "mixed":
+            mfix = ('e.g. {"phase": "mixed", "prefill_tokens": 128, "prefill_context": 0, "decode_seqs": 8, '
+                    '"decode_kv_tokens": 2400, "seconds": 0.02} (docs/perf.md)')
+            p = _field(obj, "prefill_tokens", int, source, i, mfix)
+            c = obj.get("prefill_context", 0)
+            b = _field(obj, "decode_seqs", int, source, i, mfix)
+            kv = _field(obj, "decode_kv_tokens", (int, float), source, i, mfix)
+            if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+                raise TraceError(source, i, f"field 'prefill_context' must be an integer >= 0, got {c!r}", fix=mfix)
+            if p < 1 or b < 1:
+                raise TraceError(source, i, f"mixed needs prefill_tokens >= 1 and decode_seqs >= 1, got {p}, {b}",
+                                 fix="record a step with only one part as a decode or prefill record; " + mfix)
+            if not math.isfinite(kv) or kv < b:
+                raise TraceError(source, i, f"mixed needs decode_kv_tokens >= decode_seqs ({b}), got {kv!r}",
+                                 fix="record the KV tokens all the decodes read in the step, summed over them")
+            rec = replace(rec, prefill_tokens=p, prefill_context=c, decode_seqs=b, decode_kv_tokens=float(kv))
         elif phase == "reprefill":
             # Recomputing a migrated trajectory's KV is a prefill of its whole context with nothing cached.
             tokens = _field(obj, "tokens", int, source, i, fix)
@@ -913,14 +935,34 @@ def _fit_transfer(xs: Sequence[float], ys: Sequence[float]) -> tuple[Transfer, f
     return tr, mape([tr.time(v) for v in x], y)
 
 
+def _fit_mixed(recs: Sequence[ProfileRecord]) -> tuple[float, float, float, float]:
+    """Mixed step = a + b (chunk + decodes) + c chunk (context + chunk / 2) + d KV read, by relative-error NNLS
+    (coefficients >= 0: monotone). Fewer distinct points than terms: a + b (chunk + decodes), or a constant."""
+    y = np.array([r.seconds for r in recs])
+    toks = np.array([float(r.prefill_tokens + r.decode_seqs) for r in recs])
+    work = np.array([r.prefill_tokens * (r.prefill_context + r.prefill_tokens / 2.0) for r in recs])
+    kv = np.array([r.decode_kv_tokens for r in recs])
+    distinct = len({(r.prefill_tokens, r.prefill_context, r.decode_seqs, r.decode_kv_tokens) for r in recs})
+    if distinct >= 4:
+        c = relative_nnls([np.ones_like(y), toks, work, kv], y)
+    elif distinct >= 2:
+        c2 = relative_nnls([np.ones_like(y), toks], y)
+        c = np.array([c2[0], c2[1], 0.0, 0.0])
+    else:
+        c = np.array([float(np.median(y)), 0.0, 0.0, 0.0])
+    return (float(c[0]), float(c[1]), float(c[2]), float(c[3]))
+
+
 def fit_profile(
     records: Sequence[ProfileRecord], gpu: str, model: str, tp: int = 1, *, source: str = "",
     base: Calibration | None = None,
 ) -> Calibration:
     """Fit whole-step and switching times for (gpu, model, tp) from profiler records.
 
-    decode: NNLS of [1, batch, batch * kv_tokens]; prefill: NNLS of [1, tokens, sum(n (cached + n/2)), seqs]
-    (relative error, coefficients >= 0, so monotone). A phase with fewer distinct points than coefficients
+    decode: NNLS of [1, batch, batch * kv_tokens]; prefill: NNLS of [1, tokens, sum(n (cached + n/2)), seqs];
+    mixed: NNLS of [1, chunk + decodes, chunk (context + chunk/2), KV read] (relative error, coefficients >= 0,
+    so monotone; the report's ``mixed`` MAPE is of ``step_time`` as it uses the fit, ``mixed_form`` of the
+    form alone, ``mixed_as_sum_of_parts`` of the decode and prefill fits added less one intercept). A phase with fewer distinct points than coefficients
     falls back to fewer terms. Switching: medians (engine_start, wake, role_switch); weight_sync and
     kv_transfer as fixed + bytes / bandwidth when sizes vary. Engine start, wake, weight sync and role switch
     are stored with this (model, tp) (``StepFit.switch``); KV transfer per byte GPU-wide. ``base`` (e.g. a
@@ -962,6 +1004,8 @@ def fit_profile(
         prefill = (float(c[0]), float(c[1]), float(c[2]), float(c[3]))
         sf = StepFit(spec.name, tp, prefill=prefill)
         mapes["prefill"] = round(mape([sf.prefill_time(list(r.prompt_tokens), list(r.cached_tokens)) for r in pre], y), 4)
+    mixed_recs = by["mixed"]
+    mixed = _fit_mixed(mixed_recs) if mixed_recs else None
     base = base or Calibration(gpu=g.name)
     sw = base.switch
     med: dict[str, float | None] = {}
@@ -1001,7 +1045,17 @@ def fit_profile(
         prefill=prefill if prefill is not None else (prev.prefill if prev else None),
         kv_capacity_tokens=min(caps) if caps else (prev.kv_capacity_tokens if prev else None),
         switch=model_switch,
+        mixed=mixed if mixed is not None else (prev.mixed if prev else None),
     )
+    if mixed is not None:
+        # As the model uses it: the fitted form kept between the larger part and the sum (step_time).
+        perf = Calibration(gpu=g.name, steps=(step,)).perf_model(spec, tp, gpu=g)
+        y = [r.seconds for r in mixed_recs]
+        args = [(r.prefill_tokens, r.prefill_context, r.decode_seqs, r.decode_kv_tokens) for r in mixed_recs]
+        mapes["mixed"] = round(mape([perf.step_time(*a) for a in args], y), 4)
+        mapes["mixed_form"] = round(mape([step.mixed_fit_time(*a) for a in args], y), 4)
+        if step.decode is not None and step.prefill is not None:
+            mapes["mixed_as_sum_of_parts"] = round(mape([step.mixed_time(*a) for a in args], y), 4)
     steps = (*tuple(s for s in base.steps if not (s.model == spec.name and s.tp == tp)), step)
     counts = {phase: len(v) for phase, v in sorted(by.items()) if v}
     report = {"gpu": g.name, "model": spec.name, "tp": tp, "records": counts, "mape": mapes,
