@@ -2,6 +2,7 @@
 
     rollplan bench executor --json                         # latencies of real vLLM CPU engines (JSON)
     rollplan bench executor --profile-out prof.jsonl       # + measured timings for `rollplan perf fit --profile`
+    rollplan bench executor --spec --spec-only --json      # speculative decoding on grouped samples (docs/seer.md)
 
 Registration imports nothing heavy: Ray and vLLM load only when the command runs.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -47,7 +48,20 @@ def _table(out: dict) -> None:
         table.add_row(label, "-" if v is None else f"{v:.4f}")
     for p in out.get("profile", []):
         table.add_row(f"decode step, batch {p['batch']}", f"{p['decode_step_s']:.4f}")
+    if (s := out.get("speculative")) is not None:
+        table.add_row(f"speculative ({s['method']}, k={s['num_speculative_tokens']}) speedup", f"{s['speedup']:.2f}x")
+        table.add_row("speculative acceptance / lossless", f"{s['acceptance_rate']:.3f} / {s['lossless']}")
     Console(stderr=True).print(table)
+
+
+def _spec_config(spec: bool, method: str, tokens: int):
+    """The ``--spec`` options as a ``SpeculativeConfig`` (None without ``--spec``); its checks give the
+    one-line errors (unknown method, draft length <= 0, suffix without its package)."""
+    if not spec:
+        return None
+    from rollplan.executor.config import SpeculativeConfig
+
+    return SpeculativeConfig(method=method, num_speculative_tokens=tokens)
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
@@ -77,6 +91,16 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         rollout: Annotated[
             int, typer.Option("--rollout", min=0, help="Toy trajectories rolled out at the end under --policy (0: none).")
         ] = 32,
+        spec: Annotated[
+            bool, typer.Option("--spec", help="Also measure speculative decoding on grouped samples (docs/seer.md).")
+        ] = False,
+        spec_only: Annotated[
+            bool, typer.Option("--spec-only", help="With --spec: skip the other measurements.")
+        ] = False,
+        spec_method: Annotated[
+            str, typer.Option("--spec-method", help="group-ngram | ngram | suffix (needs arctic-inference).")
+        ] = "group-ngram",
+        spec_tokens: Annotated[int, typer.Option("--spec-tokens", help="Draft length k (>= 1).")] = 8,
     ) -> None:
         """Measure engine start, wake, weight sync, role switch and migration latencies on CPU engines."""
         try:
@@ -100,8 +124,18 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         def log(msg: str) -> None:
             print(f"[bench executor] {msg}", file=sys.stderr, flush=True)
 
-        out, profile = run_bench(repeats=repeats, batches=sizes, model=model, log=log, policy=policy,
-                                 rollout_trajectories=rollout)
+        spec_cfg = _spec_config(spec, spec_method, spec_tokens)  # bad input fails before any engine starts
+        out: dict[str, Any]
+        profile: list[dict]
+        out, profile = ({"repeats": repeats}, []) if spec and spec_only else run_bench(
+            repeats=repeats, batches=sizes, model=model, log=log, policy=policy, rollout_trajectories=rollout)
+        if spec_cfg is not None:
+            from rollplan.executor.bench import run_spec_bench
+
+            out["speculative"] = run_spec_bench(
+                method=spec_cfg.method, num_speculative_tokens=spec_cfg.num_speculative_tokens,
+                repeats=repeats, model=model, log=log,
+            )
         if profile_out is not None:
             write_profile(profile_out, profile)
             out["profile_out"] = str(profile_out)

@@ -17,6 +17,84 @@ from rollplan.models.perf import PerfProvider
 
 WORKER_EXTENSION = "rollplan.executor.worker_ext.WeightSyncExtension"
 
+SPEC_METHODS = ("group-ngram", "ngram", "suffix")
+"""Speculative methods ``SpeculativeConfig`` accepts (docs/seer.md): "group-ngram" (rollplan's prompt lookup
+over the request's own tokens and its group siblings' outputs on the same engine, a vLLM ``custom_class``
+proposer: ``rollplan.executor.spec.GroupNgramProposer``), "ngram" (vLLM's prompt lookup over the request's
+own prompt and output), "suffix" (vLLM's suffix decoding: a suffix tree per prompt plus one over every cached
+response on the engine; needs ``arctic-inference``)."""
+
+GROUP_NGRAM_PROPOSER = "rollplan.executor.spec.GroupNgramProposer"
+GROUP_NGRAM_ENV = "ROLLPLAN_GROUP_NGRAM"
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """Speculative decoding on every engine (vLLM ``speculative_config``); lossless under greedy decoding.
+
+    ``method``: one of ``SPEC_METHODS``. ``num_speculative_tokens``: draft length k (>= 1): each decode step
+    verifies up to k drafted tokens per sequence. ``prompt_lookup_min``/``prompt_lookup_max``: n-gram sizes
+    matched against the lookup context (ngram, group-ngram). ``group_pool``: finished siblings' outputs kept
+    per group for group-ngram (the running siblings are always searched). Invalid values raise
+    ``SchemaError`` (one line, with the fix) when the config is built, before any engine starts.
+    """
+
+    method: str = "group-ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+    group_pool: int = 8
+
+    def __post_init__(self) -> None:
+        from rollplan.models.errors import SchemaError, UnknownNameError
+
+        if self.method not in SPEC_METHODS:
+            raise UnknownNameError("speculative method", self.method, SPEC_METHODS)
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "group_pool"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise SchemaError(
+                    f"speculative {name}",
+                    f"must be a positive integer, got {value!r}",
+                    fix=f"set {name} >= 1 (e.g. --spec-tokens 4), or turn speculation off",
+                )
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise SchemaError(
+                "speculative prompt_lookup_min",
+                f"{self.prompt_lookup_min} is above prompt_lookup_max {self.prompt_lookup_max}",
+                fix="set prompt_lookup_min <= prompt_lookup_max",
+            )
+        if self.method == "suffix":
+            import importlib.util
+
+            if importlib.util.find_spec("arctic_inference") is None:
+                raise SchemaError(
+                    "speculative method 'suffix'",
+                    "needs the arctic-inference package, which is not installed",
+                    fix="pip install 'rollplan-executor[spec]' (arctic-inference==0.1.1), "
+                    "or use method 'group-ngram' or 'ngram'",
+                )
+
+    def vllm_kwargs(self) -> dict[str, Any]:
+        """``speculative_config`` for vLLM's engine arguments."""
+        k = self.num_speculative_tokens
+        if self.method == "ngram":
+            return {
+                "method": "ngram",
+                "num_speculative_tokens": k,
+                "prompt_lookup_min": self.prompt_lookup_min,
+                "prompt_lookup_max": self.prompt_lookup_max,
+            }
+        if self.method == "suffix":
+            return {"method": "suffix", "num_speculative_tokens": k}
+        # vLLM overwrites the prompt lookup sizes of a custom proposer: they travel in the environment.
+        return {"method": "custom_class", "model": GROUP_NGRAM_PROPOSER, "num_speculative_tokens": k}
+
+    def env_vars(self) -> dict[str, str]:
+        if self.method != "group-ngram":
+            return {}
+        return {GROUP_NGRAM_ENV: f"{self.prompt_lookup_min},{self.prompt_lookup_max},{self.group_pool}"}
+
 
 @dataclass(frozen=True, slots=True)
 class KVConnectorConfig:
@@ -74,6 +152,8 @@ class EngineConfig:
     on CPU the executor's SLEEPING state only stops routing to the engine (weights stay in memory).
     ``cpu_threads``: torch threads per engine process (None: leave torch's default); several engines
     share the CPU cores, so 1 avoids oversubscription. ``env``: extra environment for engine processes.
+    ``speculative``: speculative decoding (``SpeculativeConfig``; None: off); with it on, every request's
+    result carries its drafted / accepted token counts (vLLM's per-request spec-decode metrics).
     """
 
     model: str
@@ -91,6 +171,7 @@ class EngineConfig:
     cpu_threads: int | None = 1
     max_num_seqs: int = 128
     env: Mapping[str, str] = field(default_factory=dict)
+    speculative: SpeculativeConfig | None = None
 
     def env_vars(self) -> dict[str, str]:
         """Environment an engine process sets before importing vLLM."""
@@ -105,6 +186,8 @@ class EngineConfig:
         }
         if self.cpu_threads is not None:
             base["OMP_NUM_THREADS"] = str(self.cpu_threads)
+        if self.speculative is not None:
+            base.update(self.speculative.env_vars())
         base.update(self.env)
         return base
 
@@ -131,6 +214,9 @@ class EngineConfig:
         kv = self.connector.vllm_kwargs()
         if kv is not None:
             kwargs["kv_transfer_config"] = kv
+        if self.speculative is not None:
+            kwargs["speculative_config"] = self.speculative.vllm_kwargs()
+            kwargs["per_request_spec_decode_metrics"] = "summary"
         return kwargs
 
 

@@ -14,6 +14,11 @@ mode. On CPU vLLM has no sleep mode: SLEEPING then only means "not routed" and t
 resident; ``info()["sleep_mode"]`` says which one is in effect.
 
 Results cross the Ray boundary as plain dicts (see ``GenerateResult`` in ``rollplan.executor.agent``).
+
+Speculative decoding (``EngineConfig.speculative``): a request whose params name a ``group`` is tagged with it
+in its vLLM request id, so the group-ngram proposer drafts from that group's siblings on this engine
+(``rollplan.executor.spec``); every result then carries ``spec`` = {drafted, accepted} tokens (vLLM's
+per-request spec-decode metrics).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ def sampling_params(params: dict[str, Any], *, delta: bool = False) -> Any:
     """vLLM ``SamplingParams`` from the plain dict the driver sends.
 
     Keys: max_tokens, temperature (0 = greedy), top_p, seed, logprobs (bool: return the sampled token's
-    logprob), ignore_eos, stop_token_ids.
+    logprob), ignore_eos, stop_token_ids. Other keys (e.g. ``group``) are not vLLM's and are ignored here.
     """
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -51,6 +56,12 @@ def sampling_params(params: dict[str, Any], *, delta: bool = False) -> Any:
         stop_token_ids=list(params.get("stop_token_ids", ())),
         output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
     )
+
+
+def _spec_counts(metrics: Any) -> dict[str, int]:
+    """Drafted and accepted draft tokens of one request (vLLM ``RequestSpecDecodeMetrics``)."""
+    accepted = sum(j * c for j, c in enumerate(metrics.histogram))
+    return {"drafted": int(metrics.num_draft_tokens), "accepted": int(accepted), "steps": int(sum(metrics.histogram))}
 
 
 def _chosen_logprobs(completion: Any) -> list[float] | None:
@@ -76,6 +87,7 @@ class EngineActor:
         self._sleep_mode = False
         self._started_at = time.time()
         self._dead: str | None = None  # why vLLM's core died, once it has
+        self._vids: dict[str, str] = {}  # request id -> vLLM request id, where they differ (group tag)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def start(
@@ -150,7 +162,7 @@ class EngineActor:
         t = time.perf_counter()
         self._life.fire("stop", time.time())
         if self._engine is not None and self._inflight:
-            await self._engine.abort(list(self._inflight))
+            await self._engine.abort([self._vids.get(r, r) for r in self._inflight])
         self._shutdown_engine()
         return time.perf_counter() - t
 
@@ -160,6 +172,16 @@ class EngineActor:
             engine.shutdown()
 
     # -- requests ----------------------------------------------------------------------------------------
+    def _vllm_id(self, request_id: str, params: dict[str, Any]) -> str:
+        """The id vLLM sees: tagged with the request's ``group`` when group-ngram drafting is on."""
+        group = params.get("group")
+        spec = self._config.speculative
+        if group is None or spec is None or spec.method != "group-ngram":
+            return request_id
+        from rollplan.executor.spec import group_request_id
+
+        vid = self._vids[request_id] = group_request_id(request_id, str(group))
+        return vid
     async def generate(
         self, request_id: str, prompt_ids: list[int], params: dict[str, Any]
     ) -> dict[str, Any]:
@@ -183,7 +205,7 @@ class EngineActor:
         last = None
         try:
             async for out in self._engine.generate(
-                {"prompt_token_ids": list(prompt_ids)}, sampling_params(params), request_id
+                {"prompt_token_ids": list(prompt_ids)}, sampling_params(params), self._vllm_id(request_id, params)
             ):
                 last = out
         except Exception as exc:
@@ -191,6 +213,7 @@ class EngineActor:
             raise
         finally:
             self._inflight.discard(request_id)
+            self._vids.pop(request_id, None)
         if last is None:  # aborted before the engine produced any output
             return {
                 **self._unavailable(prompt_ids),
@@ -198,7 +221,9 @@ class EngineActor:
                 "seconds": time.perf_counter() - t,
             }
         comp = last.outputs[0]
+        spec = getattr(comp, "spec_decode_metrics", None)
         return {
+            "spec": None if spec is None else _spec_counts(spec),
             "token_ids": list(comp.token_ids),
             "logprobs": _chosen_logprobs(comp),
             "finish_reason": str(comp.finish_reason or "abort"),
@@ -221,7 +246,9 @@ class EngineActor:
         try:
             async for out in self._guard(
                 self._engine.generate(
-                    {"prompt_token_ids": list(prompt_ids)}, sampling_params(params, delta=True), request_id
+                    {"prompt_token_ids": list(prompt_ids)},
+                    sampling_params(params, delta=True),
+                    self._vllm_id(request_id, params),
                 )
             ):
                 comp = out.outputs[0]
@@ -235,16 +262,86 @@ class EngineActor:
                 }
         finally:
             self._inflight.discard(request_id)
+            self._vids.pop(request_id, None)
 
-    async def generate_many(self, prompts: list[list[int]], params: dict[str, Any]) -> dict[str, Any]:
+    async def generate_many(
+        self, prompts: list[list[int]], params: dict[str, Any], groups: list[str] | None = None
+    ) -> dict[str, Any]:
         """Run a batch of requests concurrently (measurement helper: no per-request Ray round trip).
+        ``groups``: one group per prompt (speculative group drafting), else ``params``' own.
         Returns seconds (wall) and per-request outputs as in ``generate``."""
         t = time.perf_counter()
         stamp = f"{self._slot}-batch-{time.monotonic_ns()}"
+        per = [params] * len(prompts) if groups is None else [{**params, "group": g} for g in groups]
         outs = await asyncio.gather(
-            *(self.generate(f"{stamp}-{i}", p, params) for i, p in enumerate(prompts))
+            *(self.generate(f"{stamp}-{i}", p, per[i]) for i, p in enumerate(prompts))
         )
         return {"seconds": time.perf_counter() - t, "outputs": list(outs)}
+
+    async def time_mixed_steps(
+        self, decode_prompts: list[list[int]], prefill_groups: list[list[list[int]]], *, warm_steps: int = 6,
+        gap_steps: int = 3,
+    ) -> dict[str, Any]:
+        """Measurement helper for mixed steps (``rollplan bench executor``): run ``decode_prompts`` as greedy
+        decodes (ignore_eos, streamed), and once they have made ``warm_steps`` tokens submit each group of
+        ``prefill_groups`` in turn (its prompts at once, ``max_tokens=1``), the next group ``gap_steps``
+        decode tokens after the previous one finished; then abort the decodes. vLLM schedules new prompts as
+        chunks in the same forward pass as the running decodes, so the gap between two token arrivals of a
+        decode that brackets a group's first tokens is one mixed step (a group within the step's token budget).
+
+        Returns (times: ``time.perf_counter`` seconds in this actor) ``decode``: ``[(time, new tokens), ...]``
+        of the first decode's outputs; ``decode_tokens``: tokens each decode made; ``prefills``: per group
+        ``{"submitted", "first_done", "done", "prompt_tokens": [...], "cached_tokens": [...]}`` (``first_done`` /
+        ``done``: when its first / last prompt's token arrived)."""
+        self._check_alive()
+        self._life.require(EngineStatus.SERVING, action="time_mixed_steps")
+        stamp = f"{self._slot}-mixed-{time.monotonic_ns()}"
+        budget = warm_steps + len(prefill_groups) * (gap_steps + 4) + 8
+        arrivals: list[tuple[float, int]] = []
+        made = [0] * len(decode_prompts)
+        progress = asyncio.Event()
+        dec_params = sampling_params({"max_tokens": budget, "ignore_eos": True}, delta=True)
+        ids = [f"{stamp}-d{i}" for i in range(len(decode_prompts))]
+
+        async def decode(i: int, prompt: list[int]) -> None:
+            self._inflight.add(ids[i])
+            try:
+                async for out in self._guard(self._engine.generate({"prompt_token_ids": prompt}, dec_params, ids[i])):
+                    n = len(out.outputs[0].token_ids)
+                    made[i] += n
+                    if i == 0:
+                        arrivals.append((time.perf_counter(), n))
+                        progress.set()
+            finally:
+                self._inflight.discard(ids[i])
+
+        async def prefill(rid: str, prompt: list[int]) -> tuple[int, float]:
+            last = None
+            async for out in self._guard(
+                    self._engine.generate({"prompt_token_ids": prompt}, sampling_params({"max_tokens": 1}), rid)):
+                last = out
+            return (int(last.num_cached_tokens or 0) if last is not None else 0), time.perf_counter()
+
+        async def until(tokens: int) -> None:
+            while made[0] < tokens and not tasks[0].done():
+                progress.clear()
+                await progress.wait()
+
+        tasks = [asyncio.ensure_future(decode(i, list(p))) for i, p in enumerate(decode_prompts)]
+        tasks[0].add_done_callback(lambda _t: progress.set())  # a decode that ended wakes ``until``
+        prefills: list[dict[str, Any]] = []
+        try:
+            await until(warm_steps)
+            for j, group in enumerate(prefill_groups):
+                t = time.perf_counter()
+                res = await asyncio.gather(*(prefill(f"{stamp}-p{j}-{k}", list(p)) for k, p in enumerate(group)))
+                prefills.append({"submitted": t, "first_done": min(d for _, d in res), "done": max(d for _, d in res),
+                                 "prompt_tokens": [len(p) for p in group], "cached_tokens": [c for c, _ in res]})
+                await until(made[0] + gap_steps)
+        finally:
+            await self._engine.abort([r for r in ids if r in self._inflight])
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return {"decode": arrivals, "decode_tokens": made, "prefills": prefills}
 
     async def abort(self, request_ids: list[str]) -> list[str]:
         """Abort requests; returns those that were in flight here (the others are ignored)."""
@@ -255,7 +352,7 @@ class EngineActor:
         while len(self._cancelled) > 4096:
             self._cancelled.pop(next(iter(self._cancelled)))
         if live and self._engine is not None:
-            await self._engine.abort(live)
+            await self._engine.abort([self._vids.get(r, r) for r in live])
         return live
 
     # -- engine death ------------------------------------------------------------------------------------
@@ -360,6 +457,7 @@ class EngineActor:
             "weights_version": self._version,
             "inflight": len(self._inflight),
             "sleep_mode": self._sleep_mode,
+            "speculative": None if self._config.speculative is None else self._config.speculative.method,
             "pid": os.getpid(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "history": [(t, e, s.value) for t, e, s in self._life.history],

@@ -17,7 +17,9 @@ six completed (the target's comparison: ``metrics.common_tail_shares``) and on e
 batches, each policy's summed rollout time over a lower bound no policy can beat (``batch_floors``: the
 longest trajectory decoding at batch 1 plus its tool waits), which shows how much any policy could still gain; and for the 11-hour Bamboo p3 trace the wall
 time of the whole six-policy replay and simulator events per second. ``--per-batch`` adds, per batch, its
-floor and every policy's rollout seconds and last-10% share (``per_batch_rows``).
+floor and every policy's rollout seconds and last-10% share (``per_batch_rows``). ``--matrix``
+(``run_matrix``): every trace x {sync, async} x ``MATRIX_WORKLOADS``, each cell with the share of what is left
+over the best other policy and whether issue 18's targets hold.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -352,5 +354,266 @@ def run_bench(
         "targets": TARGETS,
         "traces": rows,
         "timing": timing,
+        "wall_s": round(time.perf_counter() - t_all, 2),
+    }
+
+
+# --- the matrix (``rollplan bench replay --matrix``, issue 18) -------------------------------------------------
+
+MATRIX_MODES: tuple[str, ...] = ("sync", "async")
+
+
+@dataclass(frozen=True, slots=True)
+class MatrixWorkload:
+    """One workload column of the matrix: ``groups`` prompts x ``samples`` per batch, ``warmup_batches`` RL
+    steps of history before the window (0: the history-keeping policies start with an empty length history,
+    no prior observation at all), ``dispersion`` (None: the bench's 0.15). ``half_target``: whether the cell
+    must take at least half of what is left over the best other policy (the issue's 128 x 16 cells)."""
+
+    name: str
+    groups: int
+    samples: int
+    warmup_batches: int
+    dispersion: float | None
+    half_target: bool
+
+
+MATRIX_WORKLOADS: tuple[MatrixWorkload, ...] = (
+    MatrixWorkload("128x16-history", GROUPS, SAMPLES, WARMUP_BATCHES, None, True),
+    MatrixWorkload("32x8-no-history", 32, 8, 0, None, False),
+    MatrixWorkload("dispersion-0.6", GROUPS, SAMPLES, WARMUP_BATCHES, 0.6, False),
+)
+HALF_TARGET = 0.5
+"""The issue's target in the ``half_target`` cells: share of what is left >= 0.5."""
+
+
+def matrix_workload(name: str) -> MatrixWorkload:
+    """The ``MATRIX_WORKLOADS`` entry called ``name``; ``UserInputError`` for another name."""
+    w = next((w for w in MATRIX_WORKLOADS if w.name == name), None)
+    if w is None:
+        raise UserInputError(f"unknown matrix workload {name!r}", fix=f"use one of {[w.name for w in MATRIX_WORKLOADS]}")
+    return w
+
+
+def check_window_h(window_h: float | None) -> None:
+    """A window cut must be a positive, finite number of hours (None: no cut); else ``UserInputError``."""
+    if window_h is not None and not (math.isfinite(window_h) and window_h > 0):
+        raise UserInputError(f"--window-h must be a positive number of hours, got {window_h}",
+                             fix="pass e.g. --window-h 4 (each trace's first 4 hours), or leave it out")
+
+
+def matrix_scenario(data_dir: Path, trace_name: str, mode: str, workload: MatrixWorkload, *, bases: Any = None,
+                    seed: int = 0, tool_kv: str = "evictable", share_prompt: bool = True,
+                    window_h: float | None = None) -> Scenario:
+    """The bench scenario (``bench_scenario``) for one matrix cell: ``workload``'s batch shape, history and
+    dispersion; ``window_h``: the window cut to the trace's first ``window_h`` hours (a trace shorter than that
+    is replayed whole; the throughput and the ceiling are over the cut window)."""
+    check_window_h(window_h)
+    bases = bases if bases is not None else swebench_bases(data_dir)
+    sc = bench_scenario(data_dir, trace_name, bases=bases, seed=seed, tool_kv=tool_kv, share_prompt=share_prompt,
+                        mode=mode, dispersion=workload.dispersion)
+    if (workload.groups, workload.samples) != (GROUPS, SAMPLES):
+        src = BatchSource.dataset(bases, groups=workload.groups, samples=workload.samples, seed=seed, max_context=40960)
+        sc = replace(sc, batches=workload_options(src, dispersion=workload.dispersion))
+    duration = None
+    if window_h is not None and sc.trace is not None and window_h * 3600.0 < sc.trace.duration_s:
+        duration = window_h * 3600.0
+    return replace(sc, name=f"bench:{trace_name}:{mode}:{workload.name}", warmup_batches=workload.warmup_batches,
+                   duration_s=duration)
+
+
+def share_of_what_is_left(rollplan: float | None, best_other: float | None, ceiling: float | None) -> float | None:
+    """(rollplan - best other) / (ceiling - best other): the part of what any policy could still gain over the
+    best other policy that rollplan takes (1: at the ceiling; negative: below the best other). None when a
+    figure is missing or the ceiling is not above the best other (nothing is left to take)."""
+    if rollplan is None or best_other is None or ceiling is None or ceiling <= best_other:
+        return None
+    return round((rollplan - best_other) / (ceiling - best_other), 4)
+
+
+def matrix_cell(trace: str, mode: str, workload: MatrixWorkload, result: ReplayResult, *,
+                per_batch: bool = False) -> dict[str, Any]:
+    """One matrix cell from its replay: every policy's tokens/s, the ceiling, the best other policy, rollplan /
+    it, the share of what is left (``share_of_what_is_left``), the last-10% shares on the batches every policy
+    completed, whether the targets hold, and the whole bench row (``trace_row``) under ``row``.
+
+    Targets: ``not_below_best_other`` (rollplan's tokens/s >= the best other's, every cell); ``half_of_what_is_left``
+    (share >= 0.5, or nothing left to take and rollplan not below; None in a cell without the target)."""
+    row = trace_row(trace, result, per_batch=per_batch)
+    tps = row["tokens_per_s"]
+    rp = tps.get("rollplan")
+    best = row["best_other"]
+    bo = best["tokens_per_s"]
+    ceiling = (row["throughput_ceiling"] or {}).get("tokens_per_s")
+    share = share_of_what_is_left(rp, bo, ceiling)
+    not_below = rp is not None and bo is not None and rp >= bo
+    half: bool | None = None
+    if workload.half_target:
+        half = (share >= HALF_TARGET) if share is not None else not_below
+    tails = row["tail_share_common"]
+    return {
+        "trace": trace,
+        "mode": mode,
+        "workload": workload.name,
+        "groups": workload.groups,
+        "samples": workload.samples,
+        "warmup_batches": workload.warmup_batches,
+        "dispersion": workload.dispersion if workload.dispersion is not None else DEFAULT_DISPERSION,
+        "window_s": round(result.scenario.end_time, 1),
+        "tokens_per_s": tps,
+        "throughput_ceiling": ceiling,
+        "best_other": best,
+        "rollplan_vs_best_other": row["rollplan_vs_best_other"],
+        "share_of_what_is_left": share,
+        "tail_share_common": tails,
+        "tail_share_common_batches": row["tail_share_common_batches"],
+        "lowest_tail": row["targets_met"]["lowest_tail"],
+        "batches": row["batches"],
+        "targets": {"not_below_best_other": not_below, "half_of_what_is_left": half},
+        "wall_s": row["wall_s"],
+        "row": row,
+    }
+
+
+def run_matrix(
+    data_dir: str | Path,
+    *,
+    traces: tuple[str, ...] | None = None,
+    modes: tuple[str, ...] = MATRIX_MODES,
+    workloads: tuple[str, ...] | None = None,
+    window_h: float | None = None,
+    seed: int = 0,
+    jobs: int = 1,
+    tool_kv: str = "evictable",
+    share_prompt: bool = True,
+    per_batch: bool = False,
+    on_cell: Callable[[str, str, str], None] | None = None,
+) -> dict[str, Any]:
+    """The bench's matrix: every trace (``BENCH_TRACES``, or ``traces``) x ``modes`` x ``workloads``
+    (``MATRIX_WORKLOADS`` names; None: all), all six policies per cell (``matrix_cell``), each window cut to its
+    first ``window_h`` hours where given. Returns the JSON document: ``matrix`` (cells, a summary of the
+    targets, how windows were cut) and ``traces`` (the bench rows of the sync 128x16-history cells, the
+    default bench's rows when no window is cut)."""
+    check_window_h(window_h)
+    d = Path(data_dir)
+    missing = [f for f in SWEBENCH_FILES if not (d / f).is_file()]
+    if missing:
+        raise UserInputError(f"the benchmark needs {', '.join(missing)} in {d}",
+                             fix="pass --data DIR (the shared data folder, ../shared/data)")
+    for m in modes:
+        if m not in MATRIX_MODES:
+            raise UserInputError(f"unknown mode {m!r}", fix="use sync or async")
+    ws = tuple(matrix_workload(n) for n in (workloads or tuple(w.name for w in MATRIX_WORKLOADS)))
+    bases = swebench_bases(d)
+    names = traces or tuple(t[0] for t in BENCH_TRACES)
+    cells: list[dict[str, Any]] = []
+    t_all, c_all = time.perf_counter(), time.process_time()
+    workers_cpu = 0.0  # with jobs > 1: the worker processes' CPU time (this process's is added at the end)
+    for name in names:
+        for mode in modes:
+            for w in ws:
+                if on_cell is not None:
+                    on_cell(name, mode, w.name)
+                sc = matrix_scenario(d, name, mode, w, bases=bases, seed=seed, tool_kv=tool_kv,
+                                     share_prompt=share_prompt, window_h=window_h)
+                order = list(POLICY_NAMES) if jobs == 1 else sorted(POLICY_NAMES, key=LONGEST_FIRST.index)
+                res = run_replay(sc, [make_policy(p) for p in order], jobs=jobs)
+                res.runs.sort(key=lambda r: POLICY_NAMES.index(r.name))
+                workers_cpu += res.cpu_s if jobs > 1 else 0.0
+                cells.append(matrix_cell(name, mode, w, res, per_batch=per_batch))
+    half = [c["targets"]["half_of_what_is_left"] for c in cells if c["targets"]["half_of_what_is_left"] is not None]
+    vs = [c["rollplan_vs_best_other"] for c in cells if c["rollplan_vs_best_other"] is not None]
+    return {
+        "benchmark": "replay",
+        "scenario": {
+            "dedicated_gpus": 16, "lent_gpus": 8, "preemptible_max_gpus": 16, "gpu": "h800", "model": "qwen3-8b",
+            "train_step_s": 120.0, "notice_s": 30.0, "replan_interval_s": REPLAN_INTERVAL_S,
+            "tool_kv": tool_kv, "share_prompt": share_prompt, "rollplan_backend": "greedy",
+            "rollplan_time_limit_s": 0.02, "seed": seed,
+        },
+        "matrix": {
+            "traces": list(names),
+            "modes": list(modes),
+            "workloads": {w.name: {"groups": w.groups, "samples": w.samples, "warmup_batches": w.warmup_batches,
+                                   "dispersion": w.dispersion if w.dispersion is not None else DEFAULT_DISPERSION,
+                                   "half_target": w.half_target} for w in ws},
+            "window": {
+                "window_h": window_h,
+                "rule": "each trace replayed whole" if window_h is None else
+                        f"each trace cut to its first {window_h:g} h (shorter traces whole); throughput and the "
+                        "ceiling are over the cut window; window_s per cell",
+            },
+            "cells": cells,
+            "summary": {
+                "cells": len(cells),
+                "not_below_best_other": sum(c["targets"]["not_below_best_other"] for c in cells),
+                "half_of_what_is_left": f"{sum(half)}/{len(half)}",
+                "min_rollplan_vs_best_other": min(vs, default=None),
+                "all_targets_met": all(c["targets"]["not_below_best_other"] for c in cells) and all(half),
+            },
+        },
+        "traces": [c["row"] for c in cells if c["mode"] == "sync" and c["workload"] == "128x16-history"],
+        "wall_s": round(time.perf_counter() - t_all, 2),
+        "cpu_s": round(workers_cpu + time.process_time() - c_all, 2),
+    }
+
+
+# --- speculation on / off (``rollplan bench replay --spec-tokens K``, issue 17, docs/seer.md) ------------------
+
+
+def run_spec_compare(
+    data_dir: str | Path,
+    *,
+    spec_tokens: int,
+    spec_acceptance: float,
+    spec_base_acceptance: float = 0.0,
+    traces: tuple[str, ...] | None = None,
+    seed: int = 0,
+    jobs: int = 1,
+    on_trace: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every bench trace replayed twice per policy, without and with grouped speculative decoding on every
+    slot (``SimConfig.spec_*``; the same workload, trace and seed). Per trace and policy: throughput (decode
+    tokens/s over the replay), mean rollout seconds per batch and the last-10% share (mean over batches) off /
+    on, and the on/off ratios of throughput and rollout time. Every policy runs on the
+    same speculative engines (none of them places by group yet: that is the planner's part of issue 17)."""
+    d = Path(data_dir)
+    missing = [f for f in SWEBENCH_FILES if not (d / f).is_file()]
+    if missing:
+        raise UserInputError(f"the benchmark needs {', '.join(missing)} in {d}",
+                             fix="pass --data DIR (the shared data folder, ../shared/data)")
+    SimConfig(spec_tokens=spec_tokens, spec_acceptance=spec_acceptance, spec_base_acceptance=spec_base_acceptance)
+    bases = swebench_bases(d)
+    names = traces or tuple(t[0] for t in BENCH_TRACES)
+    rows = []
+    t_all = time.perf_counter()
+    for name in names:
+        if on_trace is not None:
+            on_trace(name)
+        off = bench_scenario(d, name, bases=bases, seed=seed)
+        on = replace(off, sim=replace(off.sim, spec_tokens=spec_tokens, spec_acceptance=spec_acceptance,
+                                      spec_base_acceptance=spec_base_acceptance))
+        order = list(POLICY_NAMES) if jobs == 1 else sorted(POLICY_NAMES, key=LONGEST_FIRST.index)
+        t0 = time.perf_counter()
+        res = {k: run_replay(sc, [make_policy(p) for p in order], jobs=jobs) for k, sc in (("off", off), ("on", on))}
+        policies: dict[str, Any] = {}
+        for p in POLICY_NAMES:
+            row: dict[str, Any] = {}
+            for k, r in res.items():
+                summ = next(x.summary for x in r.runs if x.name == p)
+                row[f"throughput_{k}"] = summ.get("throughput_tokens_per_s")
+                row[f"tail_share_{k}"] = (summ.get("tail_share") or {}).get("mean")
+                row[f"rollout_s_{k}"] = (summ.get("rollout_s") or {}).get("mean")
+            a, b = row["throughput_off"], row["throughput_on"]
+            row["throughput_ratio"] = round(b / a, 4) if a and b else None
+            a, b = row["rollout_s_off"], row["rollout_s_on"]
+            row["rollout_ratio"] = round(b / a, 4) if a and b else None  # < 1: speculation shortened batches
+            policies[p] = row
+        rows.append({"trace": name, "policies": policies, "wall_s": round(time.perf_counter() - t0, 2)})
+    return {
+        "benchmark": "replay-speculation",
+        "speculation": {"tokens": spec_tokens, "acceptance": spec_acceptance, "base_acceptance": spec_base_acceptance,
+                        "model": "per group: base + (acceptance - base) * finished siblings / (samples - 1)"},
+        "traces": rows,
         "wall_s": round(time.perf_counter() - t_all, 2),
     }

@@ -201,6 +201,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "--history", help="Workload JSONL of trajectories finished before the replay, each naming its prompt by "
                               "its group: the length history rollplan and elastic-plus start from.")] = None,
         perf: PerfOption = "calibrated",
+        spec_tokens: Annotated[int, typer.Option(
+            "--spec-tokens", help="Grouped speculative decoding on every slot: draft length k (0: off; docs/seer.md).")] = 0,
+        spec_acceptance: Annotated[float, typer.Option(
+            "--spec-acceptance", help="Acceptance once all of a group's siblings finished (rises linearly with them).")] = 0.7,
+        spec_base_acceptance: Annotated[float, typer.Option(
+            "--spec-base-acceptance", help="Acceptance before any sibling finished (own-context drafts).")] = 0.0,
     ) -> None:
         """Replay an availability trace with a workload under the policies; report and plots in --out."""
         from rollplan.models.specs import gpu_kind, model_spec
@@ -213,7 +219,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         model_spec(model)
         gpu_kind(gpu)
-        sim_cfg = SimConfig(fold_tool_s=fold_tool_s, tool_kv=tool_kv, share_prompt=share_prompt)
+        sim_cfg = SimConfig(fold_tool_s=fold_tool_s, tool_kv=tool_kv, share_prompt=share_prompt,
+                            spec_tokens=spec_tokens, spec_acceptance=spec_acceptance,
+                            spec_base_acceptance=spec_base_acceptance)
         if mode not in ("sync", "async"):
             raise UserInputError(f"unknown mode {mode!r}", fix="use --mode sync or --mode async")
         if trace_format not in TRACE_FORMATS:
@@ -312,12 +320,22 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                           "0: one per CPU core, at most one per policy.")] = 0,
         tool_kv: ToolKvOption = "evictable",
         share_prompt: SharePromptOption = True,
-        mode: Annotated[str, typer.Option("--mode", help="sync (the bench's: rollout, then the training step) | "
-                                          "async (one-step off-policy, as PEARL).")] = "sync",
+        mode: Annotated[str | None, typer.Option("--mode", help="sync (the bench's, the default: rollout, then the "
+                                                 "training step) | async (one-step off-policy, as PEARL).")] = None,
         per_batch: Annotated[bool, typer.Option("--per-batch", help="Add each batch's floor and every policy's "
                                                 "rollout seconds and last-10% share to the JSON.")] = False,
         dispersion: DispersionOption = None,
         first_epoch: FirstEpochOption = False,
+        matrix: Annotated[bool, typer.Option("--matrix", help="Every trace x {sync, async} x {128x16-history, "
+                                             "32x8-no-history, dispersion-0.6}: the JSON's 'matrix' (docs/simulator.md).")] = False,
+        window_h: Annotated[float | None, typer.Option("--window-h", help="With --matrix: cut each trace to its first "
+                                                       "H hours (default: whole traces).")] = None,
+        spec_tokens: Annotated[int, typer.Option("--spec-tokens", help="> 0: replay every trace without and with "
+                                                 "grouped speculative decoding (draft length k; docs/seer.md).")] = 0,
+        spec_acceptance: Annotated[float, typer.Option("--spec-acceptance", help="With --spec-tokens: acceptance "
+                                                       "once a group's siblings all finished.")] = 0.7,
+        spec_base_acceptance: Annotated[float, typer.Option("--spec-base-acceptance", help="With --spec-tokens: "
+                                                            "acceptance before any sibling finished.")] = 0.0,
     ) -> None:
         """The replay benchmark on every shared trace: throughput ratios, last-10% shares, p3 replay wall time."""
         from rollplan.sim.bench_replay import BENCH_TRACES, default_jobs, run_bench
@@ -328,8 +346,17 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
             raise UnknownNameError("tool KV mode", tool_kv, TOOL_KV_MODES)
 
-        if mode not in ("sync", "async"):
+        if mode is not None and mode not in ("sync", "async"):
             raise UserInputError(f"unknown mode {mode!r}", fix="use --mode sync or --mode async")
+        if matrix:
+            clash = [f for f, on in (("--mode", mode is not None), ("--dispersion", dispersion is not None),
+                                     ("--first-epoch", first_epoch), ("--spec-tokens", spec_tokens != 0)) if on]
+            if clash:
+                raise UserInputError(f"--matrix sets the mode and workload of each cell itself; got {', '.join(clash)}",
+                                     fix=f"drop {', '.join(clash)} (or run without --matrix)")
+        elif window_h is not None:
+            raise UserInputError("--window-h cuts the windows of the matrix only", fix="add --matrix, or drop --window-h")
+        mode = mode or "sync"
         if dispersion is not None:
             from rollplan.sim.workload import check_dispersion
 
@@ -339,6 +366,19 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         for n in names or ():
             if n not in known:
                 raise UserInputError(f"unknown bench trace {n!r}", fix=f"use 'all' or some of {sorted(known)}")
+        if matrix:
+            _bench_matrix(data, names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv,
+                          share_prompt=share_prompt, per_batch=per_batch, window_h=window_h, as_json=as_json)
+            return
+        if spec_tokens:
+            from rollplan.sim.bench_replay import run_spec_compare
+
+            print(json.dumps(run_spec_compare(
+                data, spec_tokens=spec_tokens, spec_acceptance=spec_acceptance, spec_base_acceptance=spec_base_acceptance,
+                traces=names, seed=seed, jobs=jobs or default_jobs(),
+                on_trace=None if as_json else (lambda n: print(f"replaying {n} with and without speculation ...",
+                                                               file=sys.stderr))), indent=1))
+            return
         doc = run_bench(data, traces=names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv, share_prompt=share_prompt,
                         mode=mode, per_batch=per_batch, dispersion=dispersion, first_epoch=first_epoch,
                         on_trace=None if as_json else (lambda n: print(f"replaying {n} ...", file=sys.stderr)))
@@ -360,6 +400,48 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                       str(r["rollplan_vs_static"]), str(tails.get("rollplan")), f"{base:.4f}",
                       f"{r['rollplan_vs_best_other']} ({r['best_other']['policy']})")
         Console(stderr=True, width=150).print(t)
+
+
+def _bench_matrix(data: Path, names: tuple[str, ...] | None, *, seed: int, jobs: int, tool_kv: str,
+                  share_prompt: bool, per_batch: bool, window_h: float | None, as_json: bool) -> None:
+    """``bench replay --matrix``: the JSON (``run_matrix``), then, without ``--json``, a table on stderr."""
+    from rollplan.sim.bench_replay import check_window_h, run_matrix
+
+    check_window_h(window_h)
+    doc = run_matrix(data, traces=names, seed=seed, jobs=jobs, tool_kv=tool_kv, share_prompt=share_prompt,
+                     per_batch=per_batch, window_h=window_h,
+                     on_cell=None if as_json else (lambda n, m, w: print(f"replaying {n} {m} {w} ...", file=sys.stderr)))
+    print(json.dumps(doc, indent=1))
+    if as_json:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    def num(x: Any, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    t = Table(title="bench replay --matrix: tokens/s; share = (rollplan - best other) / (ceiling - best other)")
+    for col in ("trace", "mode", "workload", "h", "rollplan", "best other", "ceiling", "vs best other", "share",
+                "tail rollplan (lowest other)", "targets"):
+        t.add_column(col, justify="left" if col in ("trace", "mode", "workload", "best other", "targets") else "right")
+    for c in doc["matrix"]["cells"]:
+        tails = c["tail_share_common"]
+        low = min((v for k, v in tails.items() if k != "rollplan" and v is not None), default=None)
+        tg = c["targets"]
+        marks = ("ok" if tg["not_below_best_other"] else "BELOW") + (
+            "" if tg["half_of_what_is_left"] is None else (", half ok" if tg["half_of_what_is_left"] else ", half NO"))
+        t.add_row(c["trace"], c["mode"], c["workload"], f"{c['window_s'] / 3600.0:.1f}",
+                  num(c["tokens_per_s"].get("rollplan"), ",.0f"),
+                  f"{c['best_other']['policy']} {num(c['best_other']['tokens_per_s'], ',.0f')}",
+                  num(c["throughput_ceiling"], ",.0f"), num(c["rollplan_vs_best_other"], ".3f"),
+                  num(c["share_of_what_is_left"], ".2f"),
+                  f"{num(tails.get('rollplan'), '.3f')} ({num(low, '.3f')})", marks)
+    console = Console(stderr=True, width=170)
+    console.print(t)
+    sm = doc["matrix"]["summary"]
+    console.print(f"cells {sm['cells']}; not below the best other: {sm['not_below_best_other']}; half of what is "
+                  f"left (128x16-history): {sm['half_of_what_is_left']}; {doc['matrix']['window']['rule']}; "
+                  f"wall {doc['wall_s']:.0f} s")
 
 
 def register_pd_crossover(bench: typer.Typer) -> None:

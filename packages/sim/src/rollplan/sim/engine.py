@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-from rollplan.models.errors import UnknownNameError, UserInputError
+from rollplan.models.errors import SchemaError, UnknownNameError, UserInputError
 from rollplan.models.perf import PerfModel
 from rollplan.models.types import AvailabilityEvent, EngineState, EventKind, Role, Slot, SlotSource
 from rollplan.sim.events import Event, EventQueue, EvKind
@@ -112,6 +112,15 @@ class SimConfig:
     ``share_prompt`` (default on): samples of one prompt (a group) on one slot share its prompt's KV and prefill
     (vLLM's prefix caching): the prompt's KV is held once per slot while any of them is resident, and a sample
     admitted where a sibling is resident prefills only what follows the prompt.
+    ``spec_tokens`` (k > 0: on) / ``spec_acceptance`` (A) / ``spec_base_acceptance`` (A0): grouped speculative
+    decoding on every slot (docs/seer.md). A trajectory's acceptance is its group's: ``A0 + (A - A0) * d / (G -
+    1)`` with ``d`` of its ``G`` samples finished in this batch (a group of one: A0), so it rises as siblings
+    finish and their outputs become drafts. A slot's batch yields ``E(a, k) = (1 - a^(k+1)) / (1 - a)`` tokens
+    per sequence per verify step at ``a`` = its running members' mean acceptance, and a verify step costs the
+    decode step plus ``FastPerf.verify_extra`` (the ``b * k`` drafted tokens through the linear layers).
+    ``spec_adaptive`` (default): each slot drafts the length in 0..k that is fastest per token for its batch
+    and acceptance now (vLLM's dynamic speculative decoding takes a draft length per batch-size range), so large
+    compute-bound batches stop drafting and the small batches of the tail draft the most; off: always k.
     """
 
     fold_tool_s: float = 30.0
@@ -122,10 +131,22 @@ class SimConfig:
     max_num_seqs: int = 256
     tool_kv: str = "evictable"
     share_prompt: bool = True
+    spec_tokens: int = 0
+    spec_acceptance: float = 0.0
+    spec_base_acceptance: float = 0.0
+    spec_adaptive: bool = True
 
     def __post_init__(self) -> None:
         if self.tool_kv not in TOOL_KV_MODES:
             raise UnknownNameError("tool KV mode", self.tool_kv, TOOL_KV_MODES)
+        if isinstance(self.spec_tokens, bool) or not isinstance(self.spec_tokens, int) or self.spec_tokens < 0:
+            raise SchemaError("--spec-tokens", f"must be an integer >= 0, got {self.spec_tokens!r}",
+                              fix="pass the draft length k (0: no speculation), e.g. --spec-tokens 4")
+        for name in ("spec_acceptance", "spec_base_acceptance"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and 0.0 <= v <= 1.0):
+                raise SchemaError(f"--{name.replace('_', '-')}", f"must be in [0, 1], got {v!r}",
+                                  fix="pass the fraction of drafted tokens accepted, e.g. --spec-acceptance 0.7")
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +225,7 @@ class FastPerf:
         self._dec_lin: dict[tuple[int, int], tuple[float, float]] = {}
         self._pf: dict[tuple[int, int], float] = {}
         self._overlap: dict[int, float] = {}
+        self._verify: dict[tuple[int, int], float] = {}
         self._spec: dict[int, tuple[Any, tuple[float, list[float], list[int]]]] = {}
         self._folds: dict[float, dict[int, tuple[SimTraj, FoldIndex]]] = {}
         self._grid: list[list[float]] | None = None
@@ -341,6 +363,17 @@ class FastPerf:
             v = self._overlap[b] = max(0.0, v)
         return v
 
+    def verify_extra(self, b: int, k: int) -> float:
+        """Seconds a verify step of ``b`` sequences with ``k`` drafts each costs over their decode step: the
+        ``b * k`` drafted tokens through the linear layers (``PerfModel.step_time``, weights read once); priced
+        at no context like ``overlap`` (each sequence's KV is read once either way). Memoised per (b, k)."""
+        key = (b, k)
+        v = self._verify.get(key)
+        if v is None:
+            p = self.perf
+            v = self._verify[key] = max(0.0, p.step_time(b * k, 0, b, 0.0) - p.decode_step_time(b, 0.0))
+        return v
+
     def transfer(self, tokens: float, same_node: bool) -> float:
         i = 0 if same_node else 1
         return self._xfer_fixed[i] + tokens * self._xfer_rate[i]
@@ -476,6 +509,7 @@ class SlotState:
 
     __slots__ = (
         "V",
+        "acc_sum",
         "action_epoch",
         "cat",
         "cat_since",
@@ -545,6 +579,7 @@ class SlotState:
         self.kv_sum = 0.0
         self.rho_sum = 0.0
         self.rtok_sum = 0.0  # prefill tokens per decode step its running members need (MIXED batching)
+        self.acc_sum = 0.0  # speculative acceptance summed over its running members (SimConfig.spec_*)
         self.reserved = 0
         self.residents: dict[int, None] = {}
         # group -> [its residents, prompt tokens held for it, its residents not in a tool call] (``share_prompt``)
@@ -620,6 +655,7 @@ class TrajState:
         "share",
         "slot",
         "spec",
+        "spec_a",
         "state",
         "t_done",
         "t_start",
@@ -674,6 +710,7 @@ class TrajState:
         self.pf_seq = 0
         self.pf_tokens = 0
         self.pseq = 0  # > 0 while queued for dispatch (its entry in Simulator.pending)
+        self.spec_a = 0.0  # its group's speculative acceptance now (SimConfig.spec_*)
 
     def remaining_true_decode(self) -> float:
         """True decode tokens left (simulator-side only: never shown to a policy)."""
@@ -788,6 +825,10 @@ class Simulator:
         self._offload = config.tool_kv == "offload"
         self._share = config.share_prompt
         self._folds: dict[int, tuple[SimTraj, FoldIndex]] = {}  # id(spec) -> FoldIndex (see _plan_segment)
+        self._spec_k = config.spec_tokens
+        self._spec_adaptive = config.spec_adaptive
+        self._spec_groups: dict[str, list[int]] = {}  # group -> its trajectories in this batch (speculation)
+        self._spec_done: dict[str, int] = {}  # group -> its finished trajectories in this batch
 
     # -- setup / main loop -------------------------------------------------------------------------------
     def _add_slot(self, slot: Slot) -> SlotState:
@@ -976,11 +1017,25 @@ class Simulator:
         n = s.n_run
         if n <= 0:
             s.n_run, s.kv_sum, s.rho_sum, s.rho_remote, s.rtok_sum = 0, 0.0, 0.0, 0.0, 0.0
+            s.acc_sum = 0.0
             s.tau = math.inf
             c = 0.0
         else:
             perf = s.perf
             dec = perf.decode(n, s.kv_sum / n)
+            k = self._spec_k
+            if k:  # speculation: seconds per token = verify step / tokens per step (SimConfig docstring)
+                a = s.acc_sum / n
+                if a > 0.0:
+                    best = dec
+                    for kk in range(1, k + 1) if self._spec_adaptive else (k,):
+                        e = kk + 1.0 if a >= 1.0 else (1.0 - a ** (kk + 1)) / (1.0 - a)
+                        t = (dec + perf.verify_extra(n, kk)) / e
+                        if t < best or not self._spec_adaptive:
+                            best = t
+                    dec = best
+                elif not self._spec_adaptive:
+                    dec += perf.verify_extra(n, k)
             tau = dec + s.rho_sum
             if s.rtok_sum > 0.0:  # batched step physics (module docstring): mixed steps share weight reads
                 room = perf.chunk - n
@@ -1362,6 +1417,7 @@ class Simulator:
         s.rho_sum += j.seg_rho
         s.rtok_sum += j.seg_rtok
         s.rho_remote += j.seg_rrho
+        s.acc_sum += j.spec_a
         self._retau(s)
         heapq.heappush(s.heap, (v0 + j.seg_D, ep, j.idx, ep))
         return self._reschedule(s)
@@ -1371,6 +1427,7 @@ class Simulator:
         s.kv_sum -= j.seg_kv
         s.rho_sum -= j.seg_rho
         s.rtok_sum -= j.seg_rtok
+        s.acc_sum -= j.spec_a
         j.epoch = self._new_epoch()
         s.rho_remote -= j.seg_rrho
 
@@ -1459,11 +1516,41 @@ class Simulator:
         self.recorder.traj_done(j.batch, self.now - self.batch_start, self.now, sum(j.dec))
         self.policy.on_traj_done(self, j.idx)
         self.batch_left -= 1
+        out = self._spec_sibling_done(j) if self._spec_k else []
         if self.batch_left == 0 and self.batch_active:
             self.batch_active = False
             self.recorder.batch_done(self.batch, self.now)
-            return self.driver.on_batch_done(self)
-        return []
+            return out + self.driver.on_batch_done(self)
+        return out
+
+    def _spec_group_acceptance(self, size: int, done: int) -> float:
+        cfg = self.cfg
+        if size <= 1:
+            return cfg.spec_base_acceptance
+        return cfg.spec_base_acceptance + (cfg.spec_acceptance - cfg.spec_base_acceptance) * done / (size - 1)
+
+    def _spec_sibling_done(self, j: TrajState) -> list[Event]:
+        """j finished: its group's acceptance rises (SimConfig docstring); running siblings' slots re-time."""
+        members = self._spec_groups.get(j.group)
+        if not members or len(members) <= 1:
+            return []
+        done = self._spec_done[j.group] = self._spec_done.get(j.group, 0) + 1
+        a = self._spec_group_acceptance(len(members), done)
+        out: list[Event] = []
+        for idx in members:
+            t = self.trajs[idx]
+            if t.state == DONE or t.spec_a == a:
+                continue
+            if t.state == RUN and t.slot >= 0:
+                s = self.slots[t.slot]
+                self._rebase(s, self.now)
+                s.acc_sum += a - t.spec_a
+                t.spec_a = a
+                self._retau(s)
+                out += self._reschedule(s)
+            else:
+                t.spec_a = a
+        return out
 
     def _drain_waiting(self, s: SlotState) -> list[Event]:
         out: list[Event] = []
@@ -1850,6 +1937,13 @@ class Simulator:
         self.batch_active = True
         self.weights_version = weights_version
         self.trajs = [TrajState(i, sp, index, keys[i]) for i, sp in enumerate(specs)]
+        if self._spec_k:
+            self._spec_groups = {}
+            self._spec_done = {}
+            for t in self.trajs:
+                self._spec_groups.setdefault(t.group, []).append(t.idx)
+            for t in self.trajs:
+                t.spec_a = self._spec_group_acceptance(len(self._spec_groups[t.group]), 0)
         if self._share:
             for t in self.trajs:
                 t.share = t.spec.prompt_tokens

@@ -329,6 +329,8 @@ class Scenario:
             "fold_tool_s": self.sim.fold_tool_s,
             "tool_kv": self.sim.tool_kv,
             "share_prompt": self.sim.share_prompt,
+            "speculation": ({"tokens": self.sim.spec_tokens, "acceptance": self.sim.spec_acceptance,
+                             "base_acceptance": self.sim.spec_base_acceptance} if self.sim.spec_tokens else None),
             "replan_interval_s": self.replan_interval_s,
             "warmup_batches": self.warmup_batches,
         }
