@@ -11,7 +11,7 @@ holds the same model. Every step:
    wake the engine parked there (``ExecutorConfig.keep_lent_engines``), which syncs to the newest
    weights before it serves;
 2. ``rollout``: ``--groups`` prompts x ``--group-size`` samples (temperature 1), two turns each with a
-   tool call in between (``CalculatorEnv``);
+   tool call in between (``rollplan.executor.toy.NumericToolEnv``);
 3. ``reclaim``: the slot is back before the optimizer step (its trajectories are done or migrated, its
    engine parked asleep; ``--cold-lent-slot``: no engine there at start, stopped at every reclaim);
 4. GRPO: rewards -> group-relative advantages; log-probs recomputed by the trainer from the token ids
@@ -46,40 +46,12 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 SLOT = "rollplan_slot"
 LEND = "rollplan_lent_slot"
 TOPICS = ["price", "order", "table", "weather", "city", "count", "sum", "value", "row", "item"]
-
-
-@dataclass
-class CalculatorEnv:
-    """Two turns: the model's first turn is a tool call (its tokens are the argument), the tool answers
-    ``" result N ok"`` (N a checksum of the call, after a short seeded latency); the model's second turn
-    is the answer. Reward (on the last turn): the fraction of all the model's tokens that are numeric."""
-
-    item: Any
-    numeric: frozenset[int]
-    generated: list[int] = field(default_factory=list)
-
-    async def step(self, turn: Any) -> Any:
-        from rollplan.executor.agent import Observation
-
-        self.generated.extend(turn.token_ids)
-        if turn.turn == 0:
-            await asyncio.sleep(random.Random(f"{self.item.id}").uniform(0.005, 0.03))
-            value = sum((i + 1) * t for i, t in enumerate(turn.token_ids)) % 997
-            return Observation(text=f" result {value} ok")
-        hits = sum(1 for t in self.generated if t in self.numeric)
-        return Observation(done=True, reward=hits / len(self.generated) if self.generated else 0.0)
-
-
-def numeric_tokens(tokenizer: Any) -> frozenset[int]:
-    """Token ids whose text is a number (digits, optionally with surrounding spaces)."""
-    return frozenset(i for i in range(len(tokenizer)) if tokenizer.decode([i]).strip().isdigit())
 
 
 def make_batch(step: int, seed: int, groups: int, group_size: int, max_tokens: int) -> list[Any]:
@@ -172,6 +144,7 @@ async def train(model_dir: Path, args: argparse.Namespace, timings: dict[str, fl
     from rollplan.executor.config import EngineConfig, ExecutorConfig, KVConnectorConfig
     from rollplan.executor.executor import RolloutExecutor
     from rollplan.executor.perf import measured_provider
+    from rollplan.executor.toy import NumericToolEnv, numeric_tokens
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)  # the engines share this machine's cores
@@ -216,7 +189,7 @@ async def train(model_dir: Path, args: argparse.Namespace, timings: dict[str, fl
         for step in range(args.steps):
             batch = make_batch(step, args.seed, args.groups, args.group_size, args.max_tokens)
             t = time.perf_counter()
-            rollout = asyncio.create_task(ex.rollout(batch, lambda it: CalculatorEnv(it, numeric)))
+            rollout = asyncio.create_task(ex.rollout(batch, lambda it: NumericToolEnv(it, numeric)))
             await asyncio.sleep(0)  # the batch is registered: the lend's re-plan sees the work
             t_lend = time.perf_counter()
             await ex.lend(lent, until=ex.now() + 300.0)

@@ -20,7 +20,6 @@ Exit status 1 if a step is missing or a trajectory failed. Stops every process i
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -29,33 +28,12 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 SLOT = "rollplan_slot"
 LEND = "rollplan_lent_slot"
 TOPICS = ["price", "order", "table", "weather", "city", "count", "sum", "value", "row", "item"]
-
-
-@dataclass
-class CalculatorEnv:
-    """Turn 0 is a tool call; the tool answers ``" result N ok"``; turn 1 is the answer. Reward: the
-    fraction of the model's tokens (both turns) that are numeric."""
-
-    item: Any
-    numeric: frozenset[int]
-    generated: list[int] = field(default_factory=list)
-
-    async def step(self, turn: Any) -> Any:
-        from rollplan.executor.agent import Observation
-
-        self.generated.extend(turn.token_ids)
-        if turn.turn == 0:
-            await asyncio.sleep(random.Random(self.item.id).uniform(0.005, 0.03))
-            return Observation(text=f" result {sum(turn.token_ids) % 997} ok")
-        hits = sum(1 for t in self.generated if t in self.numeric)
-        return Observation(done=True, reward=hits / len(self.generated) if self.generated else 0.0)
 
 
 def run(model_dir: Path, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
@@ -69,6 +47,7 @@ def run(model_dir: Path, args: argparse.Namespace, out_dir: Path) -> dict[str, A
     from rollplan.executor.config import EngineConfig, ExecutorConfig, KVConnectorConfig
     from rollplan.executor.executor import RolloutExecutor
     from rollplan.executor.integrations.trl import RollplanRollout, env_reward
+    from rollplan.executor.toy import NumericToolEnv, numeric_tokens
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)  # the engines share this machine's cores
@@ -82,10 +61,10 @@ def run(model_dir: Path, args: argparse.Namespace, out_dir: Path) -> dict[str, A
         )
     )
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    numeric = frozenset(i for i in range(len(tokenizer)) if tokenizer.decode([i]).strip().isdigit())
+    numeric = numeric_tokens(tokenizer)
     with RollplanRollout(
         ex,
-        env=lambda item: CalculatorEnv(item, numeric),
+        env=lambda item: NumericToolEnv(item, numeric),
         max_turns=2,
         sampling=SamplingConfig(max_tokens=args.max_tokens, temperature=1.0),
         seed=args.seed,

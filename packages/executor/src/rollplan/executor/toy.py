@@ -3,13 +3,16 @@
 ``ToyToolEnv`` is deterministic given the generated tokens: the observation is a checksum of the turn's
 tokens, the number of turns is fixed per item (``item.data["turns"]``), tool latency is a seeded
 uniform sleep, and ``item.data["raise_at"]`` makes the tool raise on that turn (a crashing tool).
+``NumericToolEnv`` is the training examples' two-turn task with a verifiable reward (examples/grpo_cpu.py,
+examples/trl_grpo_cpu.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from rollplan.executor.agent import Observation, RolloutItem, SamplingConfig, TurnOutput
 
@@ -78,3 +81,31 @@ def make_toy_batch(
                 )
             )
     return items
+
+
+@dataclass
+class NumericToolEnv:
+    """Two turns: the model's first turn is a tool call (its tokens are the argument), the tool answers
+    ``" result N ok"`` (N a checksum of the call, after a short seeded latency); the model's second turn is the
+    answer. Reward (on the last turn): the fraction of all the model's tokens that are numeric (``numeric``:
+    ``numeric_tokens(tokenizer)``), in [0, 1] and checkable from the token ids alone. A randomly initialised
+    model starts near the numeric share of its vocabulary with a spread within each group, so GRPO has a
+    signal from the first step."""
+
+    item: Any
+    numeric: frozenset[int]
+    generated: list[int] = field(default_factory=list)
+
+    async def step(self, turn: Any) -> Observation:
+        self.generated.extend(turn.token_ids)
+        if turn.turn == 0:
+            await asyncio.sleep(random.Random(f"{self.item.id}").uniform(0.005, 0.03))
+            value = sum((i + 1) * t for i, t in enumerate(turn.token_ids)) % 997
+            return Observation(text=f" result {value} ok")
+        hits = sum(1 for t in self.generated if t in self.numeric)
+        return Observation(done=True, reward=hits / len(self.generated) if self.generated else 0.0)
+
+
+def numeric_tokens(tokenizer: Any) -> frozenset[int]:
+    """Token ids whose text is a number (digits, optionally with surrounding spaces)."""
+    return frozenset(i for i in range(len(tokenizer)) if tokenizer.decode([i]).strip().isdigit())

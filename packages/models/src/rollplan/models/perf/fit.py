@@ -943,14 +943,19 @@ def _fit_mixed(recs: Sequence[ProfileRecord]) -> tuple[float, float, float, floa
     work = np.array([r.prefill_tokens * (r.prefill_context + r.prefill_tokens / 2.0) for r in recs])
     kv = np.array([r.decode_kv_tokens for r in recs])
     distinct = len({(r.prefill_tokens, r.prefill_context, r.decode_seqs, r.decode_kv_tokens) for r in recs})
-    if distinct >= 4:
-        c = relative_nnls([np.ones_like(y), toks, work, kv], y)
-    elif distinct >= 2:
-        c2 = relative_nnls([np.ones_like(y), toks], y)
-        c = np.array([c2[0], c2[1], 0.0, 0.0])
-    else:
-        c = np.array([float(np.median(y)), 0.0, 0.0, 0.0])
+    c = _fit_four_terms(y, toks, work, kv, distinct)
     return (float(c[0]), float(c[1]), float(c[2]), float(c[3]))
+
+
+def _fit_four_terms(y: np.ndarray, x1: np.ndarray, x2: np.ndarray, x3: np.ndarray, distinct: int) -> np.ndarray:
+    """Relative-error NNLS of ``y`` on [1, x1, x2, x3]; with fewer than 4 distinct points on [1, x1] (the other
+    two coefficients 0), with one a constant (the median)."""
+    if distinct >= 4:
+        return relative_nnls([np.ones_like(y), x1, x2, x3], y)
+    if distinct >= 2:
+        c2 = relative_nnls([np.ones_like(y), x1], y)
+        return np.array([c2[0], c2[1], 0.0, 0.0])
+    return np.array([float(np.median(y)), 0.0, 0.0, 0.0])
 
 
 def fit_profile(
@@ -994,13 +999,7 @@ def fit_profile(
         work = np.array([sum(n * (c + n / 2.0) for n, c in zip(r.prompt_tokens, r.cached_tokens, strict=True)) for r in pre])
         seqs = np.array([float(len(r.prompt_tokens)) for r in pre])
         distinct = len({(r.prompt_tokens, r.cached_tokens) for r in pre})
-        if distinct >= 4:
-            c = relative_nnls([np.ones_like(y), tok, work, seqs], y)
-        elif distinct >= 2:
-            c2 = relative_nnls([np.ones_like(y), tok], y)
-            c = np.array([c2[0], c2[1], 0.0, 0.0])
-        else:
-            c = np.array([float(np.median(y)), 0.0, 0.0, 0.0])
+        c = _fit_four_terms(y, tok, work, seqs, distinct)
         prefill = (float(c[0]), float(c[1]), float(c[2]), float(c[3]))
         sf = StepFit(spec.name, tp, prefill=prefill)
         mapes["prefill"] = round(mape([sf.prefill_time(list(r.prompt_tokens), list(r.cached_tokens)) for r in pre], y), 4)
