@@ -3,6 +3,7 @@
     rollplan bench executor --json                         # latencies of real vLLM CPU engines (JSON)
     rollplan bench executor --profile-out prof.jsonl       # + measured timings for `rollplan perf fit --profile`
     rollplan bench executor --spec --spec-only --json      # speculative decoding on grouped samples (docs/seer.md)
+    rollplan bench fidelity --seeds 0,1,2 --json           # simulator vs real engines, same workload and script
 
 Registration imports nothing heavy: Ray and vLLM load only when the command runs.
 """
@@ -144,3 +145,62 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         else:
             _table(out)
             print(json.dumps(out))
+
+    @bench.command("fidelity")
+    def bench_fidelity(
+        json_out: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object.")] = False,
+        seeds: Annotated[
+            str, typer.Option("--seeds", "--seed", help="Comma-separated workload seeds (one real run per seed and policy).")
+        ] = "0,1,2",
+        policies: Annotated[
+            str, typer.Option("--policies", help="Comma-separated policies: rollplan, elastic-plus.")
+        ] = "rollplan,elastic-plus",
+        data: Annotated[
+            Path, typer.Option("--data", help="The shared data folder (SWE-bench tool-call durations).")
+        ] = Path("../shared/data"),
+        groups: Annotated[int, typer.Option("--groups", min=1, max=64, help="Prompts per batch (x 4 samples).")] = 24,
+        tool_scale: Annotated[
+            float, typer.Option("--tool-scale", help="Seconds of tool wait per second in the SWE-bench traces.")
+        ] = -1.0,
+    ) -> None:
+        """Real vLLM CPU engines under the executor vs the simulator, same workload, script and policy."""
+        from rollplan.executor.fidelity import DEFAULT_TOOL_SCALE, FIDELITY_POLICIES, run_fidelity
+        from rollplan.models.errors import UnknownNameError
+
+        try:
+            seed_list = tuple(int(x) for x in seeds.split(",") if x.strip())
+        except ValueError:
+            raise SchemaError("--seeds", f"not a list of integers: {seeds!r}", fix="e.g. --seeds 0,1,2") from None
+        if not seed_list:
+            raise SchemaError("--seeds", "no seed given", fix="e.g. --seeds 0,1,2")
+        names = tuple(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
+        for p in names:
+            if p not in FIDELITY_POLICIES:
+                raise UnknownNameError("fidelity policy", p, FIDELITY_POLICIES)
+        if not names:
+            raise SchemaError("--policies", "no policy given", fix="e.g. --policies rollplan,elastic-plus")
+        scale = DEFAULT_TOOL_SCALE if tool_scale < 0 else tool_scale
+        if not (data / "agent_swebench_tool_calls.csv").is_file():
+            raise SchemaError(str(data), "has no agent_swebench_tool_calls.csv",
+                              fix="pass --data the shared data folder (../shared/data)")
+
+        def log(msg: str) -> None:
+            print(f"[bench fidelity] {msg}", file=sys.stderr, flush=True)
+
+        out = run_fidelity(seeds=seed_list, policies=names, data_dir=data, groups=groups, tool_scale=scale, log=log)
+        if json_out:
+            print(json.dumps(out, indent=2))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="simulator vs real engines (rollout seconds; error = (sim - real) / real)")
+        for col in ("seed", "policy", "real s", "sim s", "error", "traj. error p50 / p90", "ranking same"):
+            table.add_column(col, justify="right")
+        for r in out["runs"]:
+            for p, v in r["policies"].items():
+                ce = v["completion_error"]
+                table.add_row(str(r["seed"]), p, f"{v['real_rollout_s']:.2f}", f"{v['sim_rollout_s']:.2f}",
+                              f"{v['error']:+.1%}", f"{ce['median']:.1%} / {ce['p90']:.1%}", str(r["ranking"]["same"]))
+        Console(stderr=True).print(table)
+        print(json.dumps({k: out[k] for k in ("policies", "ranking_preserved", "within_15pct", "bench_seconds")}))

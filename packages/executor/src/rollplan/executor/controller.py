@@ -677,7 +677,11 @@ class Controller:
                     self.clock(),
                 )
             )
-            if s.engine is handle:
+            if _node_gone(exc):
+                # Ray refused the actor because the slot's node no longer exists: the slot is lost (the
+                # membership poll would say so too, later; starting again meanwhile fails the same way).
+                self.lose_slot(s.id)
+            elif s.engine is handle:
                 self._engine_gone(s)
             self.request_replan(f"start failed {s.id}")
             return
@@ -935,6 +939,15 @@ def clear_kv_store(connector: Any) -> None:
         else:
             with contextlib.suppress(OSError):
                 child.unlink()
+
+
+def _node_gone(exc: BaseException) -> bool:
+    """An engine start failed because Ray cannot place its actor: the node it was pinned to is gone."""
+    import ray.exceptions
+
+    return isinstance(exc, ray.exceptions.ActorUnschedulableError) or (
+        isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, ray.exceptions.ActorUnschedulableError)
+    )
 
 
 def fallback_plan(snap: ClusterSnapshot, slots: dict[str, SlotRuntime] | None = None) -> Plan:

@@ -1,0 +1,424 @@
+"""``rollplan bench fidelity``: does the simulator predict what the executor does on real vLLM engines?
+
+One run (``run_fidelity``):
+
+1. **Workload** (``build_workload``, seeded): ``groups`` prompts x ``group_size`` greedy samples; a group draws
+   its number of turns and a per-turn decode budget (every sample of it decodes exactly that many tokens per
+   turn: ``ignore_eos``), each sample its own observation sizes; tool seconds are real tool-call durations
+   from the SWE-bench agent traces (``agent_swebench_tool_calls.csv``) times ``tool_scale``. The same
+   trajectories are the executor's ``RolloutItem``s (with ``WorkloadEnv``) and the simulator's ``SimTraj``s.
+2. **Availability script** (``script``, seconds from the rollout's start): the training node's slot is lent
+   (its colocated engine parked asleep, as ROLL/PEARL keep one: a wake, no cold start), a node is lost without
+   notice, a node arrives (a cold engine start), the lent slot is reclaimed with a deadline.
+3. **Real**: per policy, a fresh local Ray cluster on loopback (head + 3 slot nodes + a training node), 3
+   engines warm, the script replayed against the cluster while ``RolloutExecutor.rollout`` runs the batch.
+4. **Profile** (first real run, before its rollout): decode steps over batch sizes with every engine decoding
+   at once (the engines share this machine's cores, as in the rollout), prefill requests, the engine starts
+   and the KV capacity, as ``rollplan bench executor --profile-out`` records; fitted by
+   ``rollplan.executor.perf.from_profile_records`` (the planner's model in the real runs too).
+5. **Simulated**: the same workload, script and policy through ``rollplan.sim`` on that fitted model.
+
+Reported per policy: real and simulated rollout seconds and their error, the per-trajectory completion-time
+error (median, p90 of |sim - real| / real), and whether the simulated ranking of the policies equals the real
+one. What the simulator leaves out is listed in docs/simulator.md ("Fidelity") with its measured size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import math
+import os
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollplan.models import AvailabilityEvent, EngineState, EventKind, Slot, SlotSource
+from rollplan.models.errors import SchemaError
+
+SLOT = "rollplan_slot"
+LEND = "rollplan_lent_slot"
+FIDELITY_POLICIES = ("rollplan", "elastic-plus")
+DEFAULT_TOOL_SCALE = 0.25
+"""Seconds of tool wait here per second in the SWE-bench traces. The traces' agent turns produce a few hundred
+tokens on a GPU at ~50-100 tokens/s (a few seconds per turn beside a median 0.04 s, p90 9 s tool call); the
+tiny model's turns here are ~40 tokens at ~100-200 tokens/s per sequence under load (a fraction of a second),
+so a quarter keeps tool waits a comparable share of a trajectory's time without letting them dominate it."""
+TOOL_CAP_S = 6.0
+"""Longest scaled tool wait (s): the traces' tail (up to 362 s) would make one trajectory the whole rollout."""
+
+
+# -- the workload ------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class FidelityTrajectory:
+    """One trajectory's true course: ``turns`` turns of ``decode`` tokens each; after turn k < turns - 1 a tool
+    wait of ``tools[k]`` seconds and an observation of ``observations[k]`` tokens."""
+
+    id: str
+    group: str
+    prompt: tuple[int, ...]
+    decode: int
+    observations: tuple[int, ...]
+    tools: tuple[float, ...]
+
+    @property
+    def turns(self) -> int:
+        return len(self.observations) + 1
+
+    def item(self) -> Any:
+        from rollplan.executor.agent import RolloutItem, SamplingConfig
+
+        return RolloutItem(id=self.id, prompt=self.prompt, group=self.group, max_turns=self.turns,
+                           sampling=SamplingConfig(max_tokens=self.decode, ignore_eos=True), chat=False,
+                           data=self)
+
+    def sim(self) -> Any:
+        from rollplan.sim.engine import SimTraj
+
+        return SimTraj(self.id, self.group, len(self.prompt), (0, *self.observations),
+                       (self.decode,) * self.turns, (*self.tools, 0.0), source=self.group)
+
+
+def tool_durations(data_dir: str | Path) -> list[float]:
+    """Tool-call durations (s) of the SWE-bench agent traces (``agent_swebench_tool_calls.csv``)."""
+    path = Path(data_dir) / "agent_swebench_tool_calls.csv"
+    if not path.is_file():
+        raise SchemaError(str(path), "not found", fix="pass --data the shared data folder (../shared/data)")
+    with path.open(newline="") as f:
+        return [float(r["duration_s"]) for r in csv.DictReader(f) if r.get("duration_s")]
+
+
+def build_workload(
+    seed: int, *, groups: int = 24, group_size: int = 4, durations: Sequence[float], tool_scale: float,
+    max_context: int = 512,
+) -> tuple[FidelityTrajectory, ...]:
+    """The seeded workload (see the module docstring); every trajectory fits ``max_context`` tokens."""
+    rng = random.Random(f"fidelity:{seed}")
+    out = []
+    for g in range(groups):
+        prompt = tuple(rng.randrange(16, 1000) for _ in range(rng.randint(40, 72)))
+        turns = rng.randint(3, 6)
+        decode = int(min(96, max(8, round(rng.lognormvariate(math.log(36), 0.5)))))
+        for k in range(group_size):
+            obs = [rng.randint(6, 24) for _ in range(turns - 1)]
+            while len(prompt) + turns * decode + sum(obs) > max_context - 8 and obs:
+                obs.pop()  # fewer turns until it fits
+            tools = tuple(min(TOOL_CAP_S, rng.choice(durations) * tool_scale) for _ in obs)
+            out.append(FidelityTrajectory(f"f{g:02d}-{k}", f"fg{g:02d}", prompt, decode, tuple(obs), tools))
+    return tuple(out)
+
+
+@dataclass
+class WorkloadEnv:
+    """The tool environment of a ``FidelityTrajectory`` (``item.data``): waits its tool seconds, answers with
+    its observation tokens (seeded ids), says done after its last turn."""
+
+    item: Any
+
+    async def step(self, turn: Any) -> Any:
+        from rollplan.executor.agent import Observation
+
+        spec: FidelityTrajectory = self.item.data
+        if turn.turn + 1 >= spec.turns:
+            return Observation(done=True, reward=0.0)
+        await asyncio.sleep(spec.tools[turn.turn])
+        rng = random.Random(f"{spec.id}:{turn.turn}")
+        return Observation(token_ids=tuple(rng.randrange(16, 1000) for _ in range(spec.observations[turn.turn])))
+
+
+# -- the availability script -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Script:
+    """Seconds from the rollout's start: lend the training slot (until ``lend_until``), lose node b, add node d,
+    reclaim the lent slot (deadline ``reclaim_deadline``)."""
+
+    lend_at: float = 1.0
+    lend_until: float = 600.0
+    lose_at: float = 3.0
+    arrive_at: float = 4.0
+    reclaim_at: float = 10.0
+    reclaim_deadline: float = 13.0
+
+    def events(self) -> tuple[AvailabilityEvent, ...]:
+        lent = Slot("train/g0", "cpu", "train", source=SlotSource.LENT_BY_TRAINING)
+        return (
+            AvailabilityEvent(self.lend_at, EventKind.LEND, slot_ids=(lent.id,), slots=(lent,),
+                              deadline=self.lend_until),
+            AvailabilityEvent(self.lose_at, EventKind.LEAVE, slot_ids=("b/g0",)),
+            AvailabilityEvent(self.arrive_at, EventKind.ARRIVE, slot_ids=("d/g0",),
+                              slots=(Slot("d/g0", "cpu", "d", engine=EngineState.NONE),)),
+            AvailabilityEvent(self.reclaim_at, EventKind.RECLAIM, slot_ids=(lent.id,),
+                              deadline=self.reclaim_deadline),
+        )
+
+
+# -- the real run ------------------------------------------------------------------------------------------
+def _config(model: Path, kv_dir: Path, policy: str, perf: Any = None) -> Any:
+    from rollplan.executor.config import EngineConfig, ExecutorConfig, KVConnectorConfig
+
+    return ExecutorConfig(
+        engine=EngineConfig(model=str(model), connector=KVConnectorConfig(kind="example", storage_path=str(kv_dir))),
+        slot_resource=SLOT, lend_resource=LEND, replan_interval=2.0, planner_time_limit=0.5,
+        keep_lent_engines=True, policy=policy, perf=perf,
+    )
+
+
+async def _profile(ex: Any, batches: Sequence[int], n_dec: int = 32) -> list[dict]:
+    """Step timings with every serving engine busy at once (they share this machine's cores, as in the
+    rollout): decode steps over ``batches`` (a batch's ``n_dec`` tokens over its duration, past its prefill),
+    and prefill steps (``EngineActor.time_mixed_steps``: groups of 48-token prompts beside one running decode,
+    one step each, as ``rollplan bench executor`` times them); a request's latency would add the Ray round
+    trip and the request's own handling, which the engines do not spend per step."""
+    from rollplan.executor.bench import probe_steps, step_records
+
+    engines = [s.engine for s in ex.ctl.slots.values() if s.engine is not None and s.engine.serving]
+    recs: list[dict] = []
+    for bsz in batches:
+        per: list[float] = []
+        for trial in range(2):
+            prompts = [[(trial * 131 + bsz * 31 + j * 17 + k) % 990 + 8 for k in range(48)] for j in range(bsz)]
+            calls = [e.actor.generate_many.remote([[p[0] + 1 + i, *p[1:]] for p in prompts], {"max_tokens": 1})
+                     for i, e in enumerate(engines)]
+            first = await asyncio.gather(*calls)
+            calls = [e.actor.generate_many.remote([[p[0] + 1 + i + len(engines), *p[1:]] for p in prompts],
+                                                  {"max_tokens": n_dec + 1, "ignore_eos": True})
+                     for i, e in enumerate(engines)]
+            res = await asyncio.gather(*calls)
+            per += [max((r["seconds"] - f["seconds"]) / n_dec, 0.0) for r, f in zip(res, first, strict=True)]
+        recs.append({"phase": "decode", "batch": bsz, "kv_tokens": 48 + n_dec // 2, "seconds": statistics.median(per)})
+    rng = random.Random("fidelity-prefill-steps")
+    groups = [[[rng.randrange(8, 1000) for _ in range(48)] for _ in range(n)] for _ in range(3) for n in (1, 4, 16)]
+    clocks = [[[rng.randrange(8, 1000) for _ in range(48)]] for _ in engines]
+    res = await asyncio.gather(*(e.actor.time_mixed_steps.remote(c, groups) for e, c in zip(engines, clocks, strict=True)))
+    rows = [row for r in res for row in probe_steps(r, 48, phase="prefill") if row["phase"] == "prefill"]
+    recs += [r for r in step_records(rows)[0] if r["phase"] == "prefill"]
+    info = await engines[0].actor.info.remote()
+    if info.get("kv_capacity_tokens"):
+        recs.append({"phase": "kv_capacity", "tokens": info["kv_capacity_tokens"]})
+    return recs
+
+
+async def _real(policy: str, work: Sequence[FidelityTrajectory], script: Script, model: Path, tmp: Path,
+                perf: Any, profile_batches: Sequence[int] | None, log: Callable[[str], None]) -> dict[str, Any]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from rollplan.executor.executor import RolloutExecutor
+    from rollplan.executor.replay import ClusterNodes, replay_availability
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    ex = None
+    try:
+        nodes = {n: cluster.add_node(num_cpus=0, resources={SLOT: 1}) for n in ("a", "b", "c")}
+        cluster.add_node(num_cpus=0, resources={LEND: 1})
+        ray.init(address=cluster.address, log_to_driver=False)
+        ex = RolloutExecutor(_config(model, tmp / f"kv-{policy}", policy, perf))
+        await ex.start()
+        control = ClusterNodes(cluster, {SLOT: 1})
+        node_map = {n: control.adopt(node) for n, node in nodes.items()}
+        # The training node's colocated engine: started, then parked asleep when the slot goes back.
+        lendable = ex.lendable_slots()
+        await ex.lend(lendable, until=ex.now() + 3600.0)
+        ex.ctl.autoplan = False
+        ordered = [sid for sid, s in ex.ctl.slots.items() if s.source is not SlotSource.LENT_BY_TRAINING]
+        trace_of = {}
+        for n, rid in node_map.items():
+            trace_of.update({sid: f"{n}/g0" for sid in ex.slots_on_node(rid)})
+        starts = await ex.warm_up([*ordered, *lendable])
+        records: list[dict] = [{"phase": "engine_start", "seconds": v} for v in starts.values()]
+        if profile_batches:
+            log("profiling the engines")
+            records += await _profile(ex, profile_batches)
+        await ex.reclaim(lendable)
+        ex.ctl.autoplan = True
+        t0 = ex.now()
+        replay = asyncio.create_task(replay_availability(ex, script.events(), nodes=control, node_map=node_map))
+        results = await ex.rollout([w.item() for w in work], WorkloadEnv)
+        wall = ex.now() - t0
+        applied = await replay
+        stats = ex.stats()
+        return {
+            "rollout_s": wall,
+            "completion_s": {r.id: r.finished - t0 for r in results},
+            "start_s": {r.id: r.started - t0 for r in results},
+            "generate_s": {r.id: sum(t.generate_seconds for t in r.turns) for r in results},
+            "tool_s": {r.id: sum(t.tool_seconds for t in r.turns) for r in results},
+            "done": sum(1 for r in results if r.ok),
+            "tokens": sum(r.generated_tokens for r in results),
+            "replans": stats["replans"],
+            "actions": stats["actions"],
+            "events": applied,
+            "engine_start_s": sorted(starts.values()),
+            "profile": records,
+            "slots": trace_of,
+        }
+    finally:
+        if ex is not None:
+            await ex.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+
+
+# -- the simulated run -------------------------------------------------------------------------------------
+class _OneBatch:
+    """The simulator's driver for one rollout batch at time 0 (no training steps, no lending schedule)."""
+
+    def __init__(self, specs: Sequence[Any]) -> None:
+        self.specs = tuple(specs)
+
+    def start(self, sim: Any) -> list[Any]:
+        from rollplan.sim.events import EvKind
+
+        return [sim.q.make(0.0, EvKind.BATCH_START, 0, 0)]
+
+    def on_event(self, sim: Any, ev: Any) -> list[Any]:
+        from rollplan.sim.events import EvKind
+
+        if ev.kind == EvKind.BATCH_START:
+            return sim.start_batch(0, self.specs, [s.group for s in self.specs], weights_version=0)
+        return []
+
+    def on_batch_done(self, sim: Any) -> list[Any]:
+        sim.stop()
+        return []
+
+    def lending_event(self, index: int) -> AvailabilityEvent:
+        raise IndexError(index)
+
+
+def simulate(policy: str, work: Sequence[FidelityTrajectory], script: Script, provider: Any,
+             config: Any) -> dict[str, Any]:
+    """The simulator's run of ``work`` under ``policy`` and ``script`` on ``provider``'s model, with the
+    executor ``config``'s planner settings, re-plan interval and engine limits."""
+    from rollplan.sim.engine import FastPerf, SimConfig, Simulator
+    from rollplan.sim.policies import make_policy
+
+    sim_cfg = SimConfig(max_num_seqs=config.engine.max_num_seqs, role_switch_s=config.role_switch_seconds)
+    cache: dict[tuple[str, int], Any] = {}
+
+    def perf_for(gpu: str, tp: int) -> Any:
+        if (gpu, tp) not in cache:
+            cache[gpu, tp] = FastPerf(provider(gpu, tp), sim_cfg.prefill_chunk, config.engine.max_model_len,
+                                      sim_cfg.mem_util)
+        return cache[gpu, tp]
+
+    pol = make_policy(policy, backend=config.planner_backend, time_limit=config.planner_time_limit,
+                      deterministic=True)
+    done_at: dict[str, float] = {}
+    inner = pol.on_traj_done
+
+    def on_traj_done(sim: Any, j: int) -> None:  # the bench's per-trajectory record; the policy carries on
+        done_at[sim.trajs[j].spec.id] = sim.now
+        inner(sim, j)
+
+    pol.on_traj_done = on_traj_done  # type: ignore[method-assign]
+    dedicated = tuple(Slot(f"{n}/g0", "cpu", n, source=SlotSource.DEDICATED, engine=EngineState.WARM)
+                      for n in ("a", "b", "c"))
+    sim = Simulator(model=config.model_name, perf_for=perf_for, policy=pol,
+                    driver=_OneBatch([w.sim() for w in work]), availability=script.events(),
+                    dedicated=dedicated, config=sim_cfg, replan_interval_s=config.replan_interval)
+    t = time.perf_counter()
+    sim.run()
+    return {"rollout_s": max(done_at.values()) if done_at else math.inf, "completion_s": done_at,
+            "wall_s": time.perf_counter() - t}
+
+
+# -- the bench ---------------------------------------------------------------------------------------------
+def _errors(real: dict[str, float], sim: dict[str, float]) -> dict[str, float | None]:
+    errs = sorted(abs(sim[k] - v) / v for k, v in real.items() if k in sim and v > 0)
+    if not errs:
+        return {"median": None, "p90": None}
+    return {"median": statistics.median(errs), "p90": errs[min(len(errs) - 1, int(0.9 * len(errs)))]}
+
+
+def run_fidelity(
+    *, seeds: Sequence[int] = (0,), policies: Sequence[str] = FIDELITY_POLICIES, data_dir: str | Path,
+    groups: int = 24, group_size: int = 4, tool_scale: float = DEFAULT_TOOL_SCALE, script: Script = Script(),
+    profile_batches: Sequence[int] = (1, 8, 32, 64), log: Callable[[str], None] = lambda m: None,
+) -> dict[str, Any]:
+    """The bench (module docstring). Returns one JSON-ready dict."""
+    from rollplan.executor.perf import measured_provider
+    from rollplan.executor.tiny_model import build_tiny_model
+
+    for p in policies:
+        if p not in FIDELITY_POLICIES:
+            from rollplan.models.errors import UnknownNameError
+
+            raise UnknownNameError("fidelity policy", p, FIDELITY_POLICIES)
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    durations = tool_durations(data_dir)
+    t_bench = time.perf_counter()
+    runs: list[dict[str, Any]] = []
+    profile: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="rollplan-fidelity-") as tmpd:
+        tmp = Path(tmpd)
+        model = build_tiny_model(tmp / "model", seed=0)
+        provider = measured_provider("tiny")
+        for seed in seeds:
+            work = build_workload(seed, groups=groups, group_size=group_size, durations=durations,
+                                  tool_scale=tool_scale)
+            row: dict[str, Any] = {"seed": seed, "trajectories": len(work),
+                                   "decode_tokens": sum(w.decode * w.turns for w in work), "policies": {}}
+            for policy in policies:
+                log(f"seed {seed}: {policy} on the real engines")
+                real = await_run(_real(policy, work, script, model, tmp, None if not profile else provider,
+                                       None if profile else profile_batches, log))
+                if not profile:
+                    profile = real["profile"]
+                    provider = measured_provider("tiny", profile=_write(tmp / "profile.jsonl", profile))
+                sim = simulate(policy, work, script, provider, _config(model, tmp, policy))
+                err = (sim["rollout_s"] - real["rollout_s"]) / real["rollout_s"]
+                row["policies"][policy] = {
+                    "real_rollout_s": real["rollout_s"], "sim_rollout_s": sim["rollout_s"], "error": err,
+                    "completion_error": _errors(real["completion_s"], sim["completion_s"]),
+                    "real_done": real["done"], "real_tokens": real["tokens"], "replans": real["replans"],
+                    "actions": {k: v["count"] for k, v in real["actions"].items()}, "events": real["events"],
+                    "sim_wall_s": sim["wall_s"],
+                    "trajectories": {k: {"real_s": round(v, 3), "sim_s": round(sim["completion_s"].get(k, math.nan), 3),
+                                         "real_start_s": round(real["start_s"][k], 3),
+                                         "real_generate_s": round(real["generate_s"][k], 3),
+                                         "real_tool_s": round(real["tool_s"][k], 3)}
+                                     for k, v in real["completion_s"].items()},
+                }
+            ps = row["policies"]
+            real_rank = sorted(ps, key=lambda p: ps[p]["real_rollout_s"])
+            sim_rank = sorted(ps, key=lambda p: ps[p]["sim_rollout_s"])
+            row["ranking"] = {"real": real_rank, "sim": sim_rank, "same": real_rank == sim_rank}
+            runs.append(row)
+    fitted = provider("cpu", 1)
+    per_policy: dict[str, Any] = {}
+    for p in policies:
+        errs = [abs(r["policies"][p]["error"]) for r in runs]
+        per_policy[p] = {"error_max": max(errs), "error_median": statistics.median(errs),
+                         "real_rollout_s": [r["policies"][p]["real_rollout_s"] for r in runs],
+                         "sim_rollout_s": [r["policies"][p]["sim_rollout_s"] for r in runs]}
+    return {
+        "seeds": list(seeds), "policies": per_policy, "runs": runs,
+        "ranking_preserved": all(r["ranking"]["same"] for r in runs),
+        "within_15pct": all(v["error_max"] <= 0.15 for v in per_policy.values()),
+        "calibration": {k: getattr(fitted, k) for k in ("decode_a", "decode_c", "prefill_fixed",
+                                                        "prefill_per_token", "engine_start", "kv_cache_bytes")},
+        "tool_scale": tool_scale, "script": {k: getattr(script, k) for k in script.__slots__},
+        "bench_seconds": time.perf_counter() - t_bench,
+    }
+
+
+def _write(path: Path, records: Sequence[dict]) -> Path:
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def await_run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+__all__ = ["FIDELITY_POLICIES", "FidelityTrajectory", "Script", "WorkloadEnv", "build_workload", "run_fidelity",
+           "simulate"]
