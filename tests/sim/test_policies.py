@@ -172,7 +172,7 @@ class _AuditedRollplan(RollplanPolicy):
         self.modes: list[tuple[bool, bool]] = []
 
     def decide(self, sim, reason):
-        from rollplan.solver.bounds import BOUND_WORK
+        from rollplan.solver.core.bounds import BOUND_WORK
 
         super().decide(sim, reason)
         plan = self.planner.previous

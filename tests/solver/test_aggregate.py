@@ -24,16 +24,20 @@ from hypothesis import strategies as st
 from test_milp_exact import tiny_snapshots
 
 from rollplan.models.types import Role, SolveStatus
-from rollplan.solver.actions import release_idle
-from rollplan.solver.backends import aggregate, cpsat, milp
+from rollplan.solver.backends import cpsat, milp
 from rollplan.solver.backends.base import Decision
 from rollplan.solver.backends.exhaustive import optimum
-from rollplan.solver.backends.formulation import decision_objective, is_small
-from rollplan.solver.backends.greedy import solve_greedy
-from rollplan.solver.backends.repair import Prep, SlotState, roles_from_counts, state_of
-from rollplan.solver.evaluate import evaluate
+from rollplan.solver.backends.pipeline import decision_objective
+from rollplan.solver.core.actions import release_idle
+from rollplan.solver.core.evaluate import evaluate
+from rollplan.solver.core.instance import Instance, build_instance
+from rollplan.solver.core.tables import Tables as Prep
 from rollplan.solver.examples import example_snapshot
-from rollplan.solver.instance import Instance, build_instance
+from rollplan.solver.model import aggregate
+from rollplan.solver.model.formulation import is_small
+from rollplan.solver.search.disaggregate import roles_from_counts
+from rollplan.solver.search.placement import solve_greedy
+from rollplan.solver.search.state import SlotState, state_of
 
 FAST = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True

@@ -23,8 +23,8 @@ from factories import make_slot, make_snapshot, make_traj, planner_config
 from rollplan.models.errors import UserInputError
 from rollplan.models.types import Role
 from rollplan.solver import build_instance, plan
-from rollplan.solver.evaluate import evaluate, evaluate_reference
-from rollplan.solver.instance import co_running_share
+from rollplan.solver.core.evaluate import evaluate, evaluate_reference
+from rollplan.solver.core.instance import co_running_share
 
 
 def _one_slot(phi: float | None):

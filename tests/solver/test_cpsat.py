@@ -21,17 +21,12 @@ from test_milp_exact import tiny_snapshots
 from rollplan.models.types import ClusterSnapshot, SolveStatus
 from rollplan.solver.backends import cpsat
 from rollplan.solver.backends.base import Decision
-from rollplan.solver.backends.formulation import (
-    ExactFormulation,
-    Sense,
-    SolveLimits,
-    decision_objective,
-    is_small,
-)
-from rollplan.solver.backends.greedy import solve_greedy
-from rollplan.solver.evaluate import evaluate
+from rollplan.solver.backends.pipeline import decision_objective
+from rollplan.solver.core.evaluate import evaluate
+from rollplan.solver.core.instance import build_instance
 from rollplan.solver.examples import example_snapshot
-from rollplan.solver.instance import build_instance
+from rollplan.solver.model.formulation import ExactFormulation, Sense, SolveLimits, is_small
+from rollplan.solver.search.placement import solve_greedy
 
 
 def test_to_ms_modes() -> None:

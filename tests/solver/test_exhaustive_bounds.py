@@ -21,9 +21,9 @@ from rollplan.models.errors import InfeasiblePlanError, SolverError
 from rollplan.models.types import ClusterSnapshot, Role, SolveStatus
 from rollplan.solver import PlannerConfig, build_instance, plan, validate_plan
 from rollplan.solver.backends.exhaustive import optimum
-from rollplan.solver.backends.greedy import solve_greedy
-from rollplan.solver.bounds import compute_bounds, critical_path_bound, work_bound
-from rollplan.solver.evaluate import evaluate
+from rollplan.solver.core.bounds import compute_bounds, critical_path_bound, work_bound
+from rollplan.solver.core.evaluate import evaluate
+from rollplan.solver.search.placement import solve_greedy
 
 TOL = 1e-7
 
@@ -72,6 +72,7 @@ def test_exhaustive_backend_through_plan(snap: ClusterSnapshot) -> None:
     config = planner_config(backend="exhaustive", time_limit=30.0, relative_gap=0.0)
     inst = _instance(snap, config)
     opt = optimum(inst)
+    assert opt is not None
     p = plan(snap, config=config)
     validate_plan(snap, p, config)
     assert p.objective == pytest.approx(opt.objective, rel=1e-9, abs=1e-9)
@@ -84,6 +85,7 @@ def test_bounds_are_tight_on_a_single_long_trajectory() -> None:
     snap = make_snapshot([make_slot("s0"), make_slot("s1")], [make_traj("t0", decode=10000.0)])
     inst = build_instance(snap, planner_config())
     opt = optimum(inst)
+    assert opt is not None
     assert critical_path_bound(inst) == pytest.approx(opt.min_makespan, rel=1e-9)
     assert work_bound(inst) <= opt.min_makespan
 
@@ -107,5 +109,6 @@ def test_exhaustive_prefers_fewer_changes_on_ties() -> None:
     # Two identical warm slots, one trajectory at home on s0: staying home ties with nothing better.
     snap = make_snapshot([make_slot("s0"), make_slot("s1")], [make_traj("t0", slot="s0", context=0)])
     opt = optimum(build_instance(snap, planner_config(switch_weight=0.0)))
+    assert opt is not None
     assert opt.placement == (0,)
     assert opt.roles[0] is Role.MIXED

@@ -74,7 +74,7 @@ def test_bounds_hold_against_the_exhaustive_optimum_on_family_snapshots(
 ) -> None:
     """Every bound (``work_head`` included: long contexts make its heads matter) is at most the optimum."""
     from rollplan.solver.backends.exhaustive import optimum
-    from rollplan.solver.bounds import compute_bounds
+    from rollplan.solver.core.bounds import compute_bounds
 
     inst = build_instance(family_snapshot(family, n_slots, n_trajs, seed=seed), planner_config(switch_weight=0.0))
     opt = optimum(inst)

@@ -32,13 +32,10 @@ from rollplan.models.types import (
 )
 from rollplan.solver.backends import cpsat, milp
 from rollplan.solver.backends.exhaustive import optimum
-from rollplan.solver.backends.formulation import (
-    ExactFormulation,
-    SolveLimits,
-    decision_objective,
-)
-from rollplan.solver.evaluate import evaluate
-from rollplan.solver.instance import Instance, build_instance
+from rollplan.solver.backends.pipeline import decision_objective
+from rollplan.solver.core.evaluate import evaluate
+from rollplan.solver.core.instance import Instance, build_instance
+from rollplan.solver.model.formulation import ExactFormulation, SolveLimits
 
 T0 = 100.0
 VERSION = 3
@@ -187,6 +184,7 @@ def test_warm_start_and_solvers_agree(solver: str) -> None:
     snap = example_snapshot(4, 12, seed=5)
     inst = build_instance(snap, planner_config(relative_gap=0.0, milp_solver=solver, time_limit=30.0))
     hint = GREEDY.solve(inst, budget=1.0)
+    assert hint is not None
     d = milp.BACKEND.solve(inst, budget=30.0, hint=hint)
     assert d is not None
     assert d.status.value == "optimal"

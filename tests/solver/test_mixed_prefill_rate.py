@@ -17,7 +17,7 @@ from factories import make_slot, make_snapshot, make_traj, planner_config
 
 from rollplan.models.perf import RooflinePerfModel, perf_model
 from rollplan.models.types import Role
-from rollplan.solver.instance import build_instance
+from rollplan.solver.core.instance import build_instance
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from rollplan.models.errors import InfeasiblePlanError
 from rollplan.models.types import ClusterSnapshot, EngineState, Role, SlotSource, SolveStatus, diff_plans
 from rollplan.solver import PlannerConfig, build_instance, evaluate_ids, plan, validate_plan
 from rollplan.solver.api import REPLAN_HYSTERESIS
-from rollplan.solver.backends.greedy import usable_slots
+from rollplan.solver.core.instance import usable_slots
 
 GREEDY = planner_config(backend="greedy", time_limit=5.0)
 
@@ -236,6 +236,7 @@ def test_planner_keeps_the_previous_plan_and_history() -> None:
     assert planner.previous is first
     second = planner.replan(apply_plan(snap, first), AvailabilityEvent(time=T0, kind=EventKind.ARRIVE))
     assert second.actions == ()
-    assert [e for e, _ in planner.history][1].kind is EventKind.ARRIVE
+    event = [e for e, _ in planner.history][1]
+    assert event is not None and event.kind is EventKind.ARRIVE
     planner.reset()
     assert planner.previous is None and not planner.history

@@ -23,11 +23,12 @@ from hypothesis import HealthCheck, given, settings
 
 from rollplan.models.specs import model_spec
 from rollplan.models.types import Role
-from rollplan.solver.backends import greedy
-from rollplan.solver.bounds import capped_waterfill, capped_waterfill_reference
-from rollplan.solver.evaluate import evaluate, evaluate_ids, evaluate_reference
+from rollplan.solver.core.bounds import capped_waterfill, capped_waterfill_reference
+from rollplan.solver.core.evaluate import evaluate, evaluate_ids, evaluate_reference
+from rollplan.solver.core.instance import Instance, _traj_coeffs, build_instance
 from rollplan.solver.examples import example_snapshot
-from rollplan.solver.instance import Instance, _traj_coeffs, build_instance
+from rollplan.solver.search import placement as greedy
+from rollplan.solver.search.state import SlotState
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 ARRAY_FIELDS = ("D", "P", "W", "kbar", "peak", "ctx", "home", "kv_lost", "a", "c", "mu", "kv", "tau", "node", "type_of")
@@ -115,13 +116,13 @@ def test_home_pass_equals_the_reference(
 ) -> None:
     monkeypatch.setattr(greedy, "RAGGED", ragged)
     inst = build_instance(example_snapshot(n_s, n_j, seed), planner_config())
-    prep = greedy._Prep(inst)
+    prep = greedy.Prep(inst)
     deadlines = [math.inf if sl.deadline is None else sl.deadline for sl in inst.slots]
     timed = [d != math.inf for d in deadlines]
     for cfg in greedy.candidate_configs(prep, limit=4):
         for target in (cfg.makespan if math.isfinite(cfg.makespan) else 0.0, 0.0, 60.0, 1e9):
             limit = [min(target + greedy.HOME_SLACK, d + 1e-9) for d in deadlines]
-            ref, new = greedy._State(prep, cfg.roles), greedy._State(prep, cfg.roles)
+            ref, new = SlotState(prep, cfg.roles), SlotState(prep, cfg.roles)
             pool_ref = greedy._home_pass_reference(prep, ref, limit, timed)
             pool_new = greedy._home_pass(prep, new, limit, timed)
             assert sorted(pool_ref) == sorted(pool_new)

@@ -62,7 +62,7 @@ from rollplan.policy.dispatch import (
     pessimistic_path,
 )
 from rollplan.policy.predict import Predictor, Remaining, Totals
-from rollplan.solver.bounds import BOUND_WORK
+from rollplan.solver.core.bounds import BOUND_WORK
 
 log = logging.getLogger(__name__)
 

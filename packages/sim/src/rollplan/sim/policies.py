@@ -525,7 +525,7 @@ class RollplanPolicy(BasePolicy):
     def decide(self, sim: Simulator, reason: str) -> None:
         from rollplan.models.errors import RollplanError
         from rollplan.models.types import ActionKind
-        from rollplan.solver.bounds import BOUND_WORK
+        from rollplan.solver.core.bounds import BOUND_WORK
 
         if not sim.live:
             return

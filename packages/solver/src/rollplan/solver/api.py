@@ -40,15 +40,15 @@ from dataclasses import dataclass
 
 from rollplan.models.errors import PlanValidationError, SolverError, UnknownNameError
 from rollplan.models.types import Action, AvailabilityEvent, ClusterSnapshot, Plan, Role, SolveStatus
-from rollplan.solver.actions import build_actions, make_plan, release_idle
 from rollplan.solver.backends.base import Backend, Decision
-from rollplan.solver.backends.greedy import solve_greedy, usable_slots
-from rollplan.solver.bounds import BOUND_LP, compute_bounds, instance_arrays
 from rollplan.solver.config import BACKENDS, PlannerConfig
-from rollplan.solver.evaluate import Evaluation, evaluate
+from rollplan.solver.core.actions import build_actions, make_plan, release_idle
+from rollplan.solver.core.bounds import BOUND_LP, LpBound, compute_bounds
+from rollplan.solver.core.evaluate import Evaluation, evaluate
+from rollplan.solver.core.instance import Instance, build_instance, usable_slots
+from rollplan.solver.core.validate import validate_plan
 from rollplan.solver.inputs import check_inputs
-from rollplan.solver.instance import Instance, build_instance
-from rollplan.solver.validate import validate_plan
+from rollplan.solver.search.placement import solve_greedy
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,16 @@ def _preload(name: str) -> Backend | None:
     with contextlib.suppress(ImportError):  # without PuLP the LP bound is skipped where it is asked for
         importlib.import_module("rollplan.solver.backends.milp")
     return backend
+
+
+def lp_relaxation() -> LpBound | None:
+    """The LP relaxation bound (``rollplan.solver.backends.milp.lp_bound``), or None when PuLP/HiGHS is not
+    installed. Handed to ``compute_bounds``: the core does not import the backends."""
+    try:
+        from rollplan.solver.backends.milp import lp_bound
+    except ImportError:
+        return None
+    return lp_bound
 
 
 def load_backend(name: str) -> Backend:
@@ -201,7 +211,7 @@ def plan(snapshot: ClusterSnapshot, *, previous: Plan | None = None, config: Pla
     # usually well before): the exact backends start from that incumbent and keep it unless they beat it,
     # so no backend returns worse than greedy alone at the same time limit. (It used to get 15% of the
     # limit, and an exact backend at 0.1-0.2 s then lost to greedy.)
-    arrays = instance_arrays(inst) if inst.trajs else None
+    arrays = inst.arrays if inst.trajs else None
     g_roles, g_place, _ = solve_greedy(inst, until=work_until, arrays=arrays)
     greedy = _Candidate("greedy", tuple(g_roles), tuple(g_place), SolveStatus.HEURISTIC)
     cands: list[_Candidate] = [greedy]
@@ -267,7 +277,8 @@ def plan(snapshot: ClusterSnapshot, *, previous: Plan | None = None, config: Pla
     lp_budget = work_until - clock() if exact and not proven else 0.0
     extra = {f"{config.backend}_bound": backend_bound} if backend_bound is not None else {}
     lp_budget = lp_budget if lp_budget >= LP_MIN_SECONDS else 0.0
-    bounds = compute_bounds(inst, lp_budget=lp_budget, extra=extra, arrays=arrays, on_time=True)
+    lp = lp_relaxation() if lp_budget > 0 else None
+    bounds = compute_bounds(inst, lp=lp, lp_budget=lp_budget, extra=extra, arrays=arrays, on_time=True)
     result = _pack(inst, choice, bounds, backend=config.backend, seconds=wall() - t_wall)
     try:
         validate_plan(snapshot, result, config, instance=inst)

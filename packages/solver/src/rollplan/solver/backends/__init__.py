@@ -1,7 +1,8 @@
 """Planner backends, each a module with a ``BACKEND`` object (``base.Backend`` protocol), loaded lazily by
-name (``rollplan.solver.api.load_backend``): ``greedy``, ``milp`` (PuLP -> HiGHS / CBC), ``cpsat``
-(OR-Tools), ``exhaustive`` (tests). ``milp`` and ``cpsat`` share ``formulation`` (the exact model and the
-builder protocol), ``aggregate`` (large instances) and ``repair`` (incremental pricing, local search).
+name (``rollplan.solver.api.load_backend``): ``greedy`` (``search.placement``), ``milp`` (PuLP -> HiGHS /
+CBC), ``cpsat`` (OR-Tools), ``exhaustive`` (tests). ``milp`` and ``cpsat`` are builders of the one model
+(``rollplan.solver.model``) run by the same ``pipeline`` (exact model when small; aggregate, disaggregation
+and local search when large).
 
 Nothing is imported here: importing the package must not pull in PuLP, HiGHS or OR-Tools.
 """

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rollplan.models.types import Role, SolveStatus
-from rollplan.solver.instance import Instance
+from rollplan.solver.core.instance import Instance
 
 
 @dataclass(frozen=True, slots=True)

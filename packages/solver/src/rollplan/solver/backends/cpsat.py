@@ -24,8 +24,10 @@ from typing import Literal
 from ortools.sat.python import cp_model
 
 from rollplan.models.types import SolveStatus
-from rollplan.solver.backends import aggregate
-from rollplan.solver.backends.formulation import (
+from rollplan.solver.backends.pipeline import FormulationBackend
+from rollplan.solver.config import DETERMINISTIC_WALL_EXTRA, DETERMINISTIC_WALL_FACTOR
+from rollplan.solver.core.instance import Instance
+from rollplan.solver.model.formulation import (
     ObjectivePart,
     Sense,
     SolveLimits,
@@ -33,8 +35,6 @@ from rollplan.solver.backends.formulation import (
     Terms,
     Var,
 )
-from rollplan.solver.config import DETERMINISTIC_WALL_EXTRA, DETERMINISTIC_WALL_FACTOR
-from rollplan.solver.instance import Instance
 
 NAME = "cpsat"
 MS_PER_SECOND = 1000
@@ -164,4 +164,4 @@ def make_builder(inst: Instance) -> CpSatBuilder:
     return CpSatBuilder(inst)
 
 
-BACKEND = aggregate.FormulationBackend(NAME, make_builder)
+BACKEND = FormulationBackend(NAME, make_builder)

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from rollplan.models.errors import SolverError
 from rollplan.models.types import Role, SolveStatus
-from rollplan.solver.actions import release_idle
 from rollplan.solver.backends.base import Decision
-from rollplan.solver.evaluate import evaluate
-from rollplan.solver.instance import ROLES, Instance
+from rollplan.solver.core.actions import release_idle
+from rollplan.solver.core.evaluate import evaluate
+from rollplan.solver.core.instance import ROLES, Instance
 
 NAME = "exhaustive"
 MAX_SLOTS = 4

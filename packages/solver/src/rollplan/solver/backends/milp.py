@@ -1,7 +1,7 @@
 """The ``milp`` backend: the formulation protocol on PuLP, solved by HiGHS (highspy, default) or CBC.
 
 Small instances (``formulation.is_small``) get the exact per-trajectory model (``formulation.ExactFormulation``);
-larger ones the aggregate pipeline (``aggregate.solve_large``: aggregate MILP, disaggregation, repair). Both
+larger ones the aggregate pipeline (``pipeline.solve_large``: aggregate MILP, disaggregation, repair). Both
 are warm-started from the hint and return within the budget: the model-build time (measured on
 ``inst.config.clock``) is subtracted before the solver gets its time limit.
 
@@ -28,8 +28,11 @@ import numpy as np
 import pulp
 
 from rollplan.models.types import SolveStatus
-from rollplan.solver.backends import aggregate
-from rollplan.solver.backends.formulation import (
+from rollplan.solver.backends.pipeline import FormulationBackend
+from rollplan.solver.config import DETERMINISTIC_WALL_EXTRA, DETERMINISTIC_WALL_FACTOR
+from rollplan.solver.core.instance import Instance
+from rollplan.solver.model import aggregate
+from rollplan.solver.model.formulation import (
     ExactFormulation,
     ObjectivePart,
     Sense,
@@ -39,7 +42,6 @@ from rollplan.solver.backends.formulation import (
     Var,
     is_small,
 )
-from rollplan.solver.instance import Instance
 
 log = logging.getLogger(__name__)
 
@@ -304,8 +306,6 @@ iterations), plus a fixed root cost (presolve, cuts, sub-MIPs: 0.1-0.4 s) that n
 
 def work_limits(seconds: float) -> tuple[int, int, float]:
     """(simplex iterations, MIP nodes, wall-clock safety cap in s) for a deterministic budget of ``seconds``."""
-    from rollplan.solver.config import DETERMINISTIC_WALL_EXTRA, DETERMINISTIC_WALL_FACTOR
-
     s = max(0.0, seconds)
     return (
         max(HIGHS_MIN_ITERATIONS, round(HIGHS_ITERATIONS_PER_SECOND * s)),
@@ -323,7 +323,7 @@ def make_builder(inst: Instance) -> PulpBuilder:
     return PulpBuilder(inst)
 
 
-BACKEND = aggregate.FormulationBackend(NAME, make_builder)
+BACKEND = FormulationBackend(NAME, make_builder)
 
 
 def lp_bound(inst: Instance, budget: float, *, upper: float | None = None) -> float | None:

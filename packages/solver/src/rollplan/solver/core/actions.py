@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from rollplan.models.types import ACTION_ORDER, Action, ActionKind, EngineState, Plan, Role, SolveStatus
-from rollplan.solver.evaluate import Evaluation, evaluate
-from rollplan.solver.instance import Instance
+from rollplan.solver.core.evaluate import Evaluation, evaluate
+from rollplan.solver.core.instance import Instance
 
 _ORDER = {k: i for i, k in enumerate(ACTION_ORDER)}
 

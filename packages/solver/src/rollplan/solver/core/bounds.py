@@ -42,22 +42,22 @@ mix of GPU kinds loses nothing to the fastest one's a) and ``work``'s 1 / mean w
 trajectories per slot and long contexts the heads a (M_s - occupancy) are 3-11% of the slots' time (bench
 families), which ``work`` misses.
 
-``lp`` — the LP relaxation of the MILP (``rollplan.solver.backends.milp.lp_bound``), when that backend is
-installed and the budget allows.
+``lp`` — the LP relaxation of the MILP (``rollplan.solver.backends.milp.lp_bound``), when the caller hands it
+to ``compute_bounds`` (``plan()`` does for the exact backends when the budget allows): this module imports
+nothing above the core.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from rollplan.solver.evaluate import waterfill_finish
-from rollplan.solver.instance import MAX_NUM_SEQS, Instance
-from rollplan.solver.instance import ROLE_CODE as ROLE_CODE  # re-exported: greedy, tests
-from rollplan.solver.instance import InstanceArrays as InstanceArrays  # re-exported: greedy, repair
+from rollplan.solver.core import pricing
+from rollplan.solver.core.evaluate import waterfill_finish
+from rollplan.solver.core.instance import Instance, InstanceArrays
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +68,6 @@ BOUND_WORK_HEAD = "work_head"
 HEAD_THETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 HEAD_ALPHAS = (0.0, 0.5, 1.0)
 HEAD_BISECTIONS = 48
-
-
-def instance_arrays(inst: Instance) -> InstanceArrays:
-    """``InstanceArrays`` of ``inst``: built once with the instance (``Instance.arrays``), O(1) here."""
-    return inst.arrays
 
 
 def capped_waterfill_reference(starts: np.ndarray, rates: np.ndarray, ends: np.ndarray, work: float) -> float:
@@ -162,9 +157,9 @@ def _critical_path_bound(x: InstanceArrays, on_time: bool) -> float:
     for k, r in enumerate(x.rep):
         a, c, mu, cross, same = x.a[r], x.c[r], x.mu[r], x.cross[r], x.same[r]
         fits = x.peak <= x.kv[r]
-        cp = d * (a + c) + w + p / mu
-        own_prefill = np.minimum(p / mu, p / cross)
-        move = np.where(lost, 0.0, np.minimum(1e-3 + ctx / max(same, cross), ctx / mu))
+        cp = pricing.critical_path(d, w, p, a, c, mu)
+        own_prefill = np.minimum(p / mu, pricing.kv_receive_seconds(p, cross))
+        move = np.where(lost, 0.0, pricing.move_seconds(ctx, max(same, cross), mu))
         own = np.maximum(cp, d * (a + c) + move + own_prefill)
         members = np.nonzero(x.type_of == k)[0]
         if on_time:
@@ -185,8 +180,8 @@ def _critical_path_bound(x: InstanceArrays, on_time: bool) -> float:
         h = home[j]
         a, c, mu, cross = x.a[h], x.c[h], x.mu[h], x.cross[h]
         fits = x.peak[j] <= x.kv[h]
-        cp = d[j] * (a + c) + w[j] + p[j] / mu
-        val = x.stlb[h] + np.maximum(cp, d[j] * (a + c) + np.minimum(p[j] / mu, p[j] / cross))
+        cp = pricing.critical_path(d[j], w[j], p[j], a, c, mu)
+        val = x.stlb[h] + np.maximum(cp, d[j] * (a + c) + np.minimum(p[j] / mu, pricing.kv_receive_seconds(p[j], cross)))
         if on_time:
             fits &= val <= x.deadline[h] + 1e-9
         best[j] = np.where(fits, np.minimum(best[j], val), best[j])
@@ -202,11 +197,9 @@ def type_work(x: InstanceArrays) -> tuple[np.ndarray, np.ndarray]:
     dec = np.empty((n_types, n_j))
     fit = np.empty((n_types, n_j), dtype=bool)
     for k, r in enumerate(x.rep):
-        kv = x.kv[r]
-        share = np.maximum(x.kbar / kv if kv > 0 else np.inf, 1.0 / MAX_NUM_SEQS)
-        occ = x.D + (x.W / x.tau[r] if x.tau[r] > 0 else 0.0)
-        dec[k] = x.c[r] * x.D + x.a[r] * (occ * share)
-        fit[k] = x.peak <= kv
+        occw = pricing.occupancy_work(x.D, x.W, x.kbar, x.tau[r], x.kv[r])
+        dec[k] = pricing.additive_work(x.D, occw, x.a[r], x.c[r])
+        fit[k] = x.peak <= x.kv[r]
     return dec, fit
 
 
@@ -334,28 +327,21 @@ def _work_head_weighted(x: InstanceArrays, dec: np.ndarray, fit: np.ndarray, v: 
     return lo  # the largest C known infeasible: a valid lower bound (never above the true threshold)
 
 
-def lp_bound(inst: Instance, budget: float) -> float | None:
-    """The LP relaxation bound of the MILP backend, or None (backend not installed, or no time)."""
-    try:
-        from rollplan.solver.backends.milp import lp_bound as milp_lp_bound
-    except ImportError:
-        return None
-    try:
-        return milp_lp_bound(inst, budget)
-    except Exception:  # a failing optional bound must never fail the plan; the others still hold
-        log.warning("LP relaxation bound failed", exc_info=True)
-        return None
+LpBound = Callable[[Instance, float], "float | None"]
+"""An LP relaxation bound: (instance, seconds) -> a valid lower bound on every decision's makespan, or None."""
 
 
 def compute_bounds(
     inst: Instance,
     *,
+    lp: LpBound | None = None,
     lp_budget: float = 0.0,
     extra: Mapping[str, float | None] | None = None,
     arrays: InstanceArrays | None = None,
     on_time: bool = False,
 ) -> dict[str, float]:
-    """Every bound by name (the LP one only when ``lp_budget`` > 0 and it returns a value).
+    """Every bound by name (the LP one only when ``lp`` is given, ``lp_budget`` > 0 and it returns a value;
+    an ``lp`` that raises is logged and skipped: a failing optional bound never fails the plan).
 
     ``extra``: further proven bounds (e.g. a backend's ``Decision.bound``), included when not None.
     ``on_time``: the bounds hold for decisions that meet every deadline (a plan without violations); each
@@ -372,10 +358,14 @@ def compute_bounds(
         for name, val in timed.items():
             if math.isfinite(val):
                 out[name] = max(out[name], val)
-    if lp_budget > 0 and inst.trajs:
-        lp = lp_bound(inst, lp_budget)
-        if lp is not None and math.isfinite(lp):
-            out[BOUND_LP] = float(lp)
+    if lp is not None and lp_budget > 0 and inst.trajs:
+        try:
+            value = lp(inst, lp_budget)
+        except Exception:  # the other bounds still hold
+            log.warning("LP relaxation bound failed", exc_info=True)
+            value = None
+        if value is not None and math.isfinite(value):
+            out[BOUND_LP] = float(value)
     for name, val in (extra or {}).items():
         if val is not None and math.isfinite(val):
             out[name] = float(val)

@@ -1,4 +1,5 @@
-"""One formulation protocol for the ``milp`` (PuLP -> HiGHS/CBC) and ``cpsat`` (OR-Tools) backends.
+"""One formulation protocol for the ``milp`` (PuLP -> HiGHS/CBC) and ``cpsat`` (OR-Tools) backends, and the
+exact per-trajectory model written against it (its coefficients are ``core.pricing``'s, through ``Instance``).
 
 A formulation writes its model once, through the solver-neutral ``ModelBuilder`` protocol: variables keyed
 by domain tuples, every constraint group a small named method adding named rows, and the objective as a
@@ -6,7 +7,7 @@ list of named terms. ``milp.PulpBuilder`` and ``cpsat.CpSatBuilder`` implement t
 per-trajectory model below and the aggregate model (``aggregate.py``) are written against it, so both
 backends solve literally the same model (CP-SAT in integer milliseconds, see ``cpsat.to_ms``).
 
-Exact model (notation of ``rollplan.solver.instance``; r in R = {OFF, MIXED, PREFILL, DECODE},
+Exact model (notation of ``rollplan.solver.core.instance``; r in R = {OFF, MIXED, PREFILL, DECODE},
 D = {MIXED, DECODE} the decoding roles, F(j) = slots whose KV capacity holds j's peak)
 
   variables  y[s,r] in {0,1}              role r of slot s
@@ -54,18 +55,22 @@ permutations of interchangeable slots only. c3 by rows rather than an aggregated
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
 from rollplan.models.types import Role, SolveStatus
-from rollplan.solver.actions import release_idle
-from rollplan.solver.backends.base import Decision
 from rollplan.solver.config import PlannerConfig
-from rollplan.solver.evaluate import TERM_MAKESPAN, TERM_OVERRUN, TERM_SWITCHING, evaluate, waterfill_finish
-from rollplan.solver.instance import Instance
+from rollplan.solver.core.actions import release_idle
+from rollplan.solver.core.evaluate import (
+    TERM_MAKESPAN,
+    TERM_OVERRUN,
+    TERM_SWITCHING,
+    evaluate,
+    waterfill_finish,
+)
+from rollplan.solver.core.instance import Instance
 
 DECODING: tuple[Role, Role] = (Role.MIXED, Role.DECODE)
 ON_ROLES: tuple[Role, Role, Role] = (Role.MIXED, Role.PREFILL, Role.DECODE)
@@ -74,8 +79,6 @@ EXACT_MAX_PAIRS = 4096
 """The exact per-trajectory model is used when |J| <= config.exact_max_trajectories and |J| * |S| <= this."""
 BUILD_SECONDS_PER_PAIR = 2.5e-4
 """Measured cost of writing the exact model per (trajectory, slot) pair through PuLP or CP-SAT (2-core VM)."""
-TEARDOWN_SECONDS = 0.01
-"""Reserved from the budget for reading the solution back and building the Decision."""
 
 
 class Sense(StrEnum):
@@ -219,6 +222,7 @@ class ExactFormulation:
         self.occw: dict[tuple[int, int], float] = {}
         self.move: dict[tuple[int, int], float] = {}
         self.recv: dict[tuple[int, int], float] = {}
+        self.e: dict[tuple[int, int, Role], float] = {}  # e_jsr: own prefill (MIXED) / KV receive (DECODE)
         for j in self.J:
             for s in self.fit[j]:
                 self.cp[j, s] = inst.critical_path(j, s)
@@ -227,6 +231,8 @@ class ExactFormulation:
                 self.occw[j, s] = inst.occupancy(j, s) * inst.share(j, s)
                 self.move[j, s] = inst.move_seconds(j, s)
                 self.recv[j, s] = inst.kv_receive_seconds(j, s)
+                for r in DECODING:
+                    self.e[j, s, r] = inst.stall_seconds(j, s, r)
         self.y: dict[tuple[int, Role], Var] = {}
         self.x: dict[tuple[int, int, Role], Var] = {}
         self.T: dict[int, Var] = {}
@@ -369,8 +375,8 @@ class ExactFormulation:
             for j in js:
                 t = inst.trajs[j]
                 terms += [(-sl.c * t.decode, v) for _, v in self._xs(j, s)]
-                terms.append((-(t.prefill / sl.mu + self.move[j, s]), self.x[j, s, Role.MIXED]))
-                terms.append((-(self.recv[j, s] + self.move[j, s]), self.x[j, s, Role.DECODE]))
+                for r in DECODING:
+                    terms.append((-(self.e[j, s, r] + self.move[j, s]), self.x[j, s, r]))
             m.add(f"c4_finish_s{s}", terms, Sense.GE, 0.0)
 
     def _c5_prefill_share(self) -> None:
@@ -413,7 +419,7 @@ class ExactFormulation:
         for s, js in self._on_slot().items():
             if s in self.V:
                 phic = inst.phi * inst.slots[s].c
-                co = [(-(phic * inst.trajs[j].decode + inst.phi * inst.stall_seconds(j, s, r)), self.x[j, s, r])
+                co = [(-(phic * inst.trajs[j].decode + inst.phi * self.e[j, s, r]), self.x[j, s, r])
                       for j in js for r in DECODING]
                 m.add(f"c6_co_running_s{s}", [(1.0, self.V[s]), *co], Sense.GE, 0.0)
         for j in self.J:
@@ -616,11 +622,6 @@ class ExactFormulation:
         return vals
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Solve drivers shared by both backends
-# ---------------------------------------------------------------------------------------------------------
-
-
 def is_small(inst: Instance, budget: float | None = None) -> bool:
     """Whether the exact per-trajectory model is used (else the aggregate pipeline).
 
@@ -631,80 +632,3 @@ def is_small(inst: Instance, budget: float | None = None) -> bool:
     if n_j > inst.config.exact_max_trajectories or n_j * n_s > EXACT_MAX_PAIRS:
         return False
     return budget is None or n_j * n_s * BUILD_SECONDS_PER_PAIR <= 0.5 * budget
-
-
-def decision_objective(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) -> float:
-    """The objective ``make_plan`` will report for a decision (inf when it has hard problems)."""
-    final = release_idle(inst, roles, placement)
-    ev = evaluate(inst, final, placement)
-    return math.inf if ev.problems else ev.objective
-
-
-def solve_exact(
-    inst: Instance, factory: BuilderFactory, *, budget: float, hint: Decision | None
-) -> Decision | None:
-    """Build the exact model with ``factory``, warm-start it from ``hint``, solve within ``budget`` seconds."""
-    cfg = inst.config
-    clock = cfg.clock
-    t0 = clock()
-    form = ExactFormulation(inst)
-    builder = factory(inst)
-    form.build(builder)
-    if hint is not None:
-        vals = form.hint_values(hint.roles, hint.placement)
-        if vals is not None:
-            builder.set_hint(vals)
-    built = clock() - t0
-    left = budget - built - TEARDOWN_SECONDS
-    if left <= 0:
-        return _hint_fallback(inst, hint, reason="no time left after building the model")
-    res = builder.solve(
-        SolveLimits.of(cfg, left, relative_gap=cfg.relative_gap)
-    )
-    info = {"build_seconds": built, **res.info}
-    if res.status is None:
-        return _hint_fallback(inst, hint, reason="the solver found no feasible solution in time")
-    roles, placement = form.decision(res)
-    if any(s < 0 for s in placement):
-        return _hint_fallback(inst, hint, reason="the solver returned an incomplete placement")
-    roles = release_idle(inst, roles, placement)
-    bound = None
-    # CP-SAT's bound is on the millisecond-rounded model: only the MILP's bounds the real makespan.
-    if (
-        builder.name == "milp"
-        and res.status is SolveStatus.OPTIMAL
-        and res.bound is not None
-        and _bound_is_makespan(inst)
-    ):
-        bound = res.bound
-    dec = Decision(tuple(roles), tuple(placement), res.status, bound=bound, info=info)
-    return better_of(inst, dec, hint)
-
-
-def _bound_is_makespan(inst: Instance) -> bool:
-    """The objective bound bounds the makespan only when the objective is the makespan alone."""
-    return inst.config.switch_weight == 0 and all(sl.deadline is None for sl in inst.slots)
-
-
-def _hint_fallback(inst: Instance, hint: Decision | None, *, reason: str) -> Decision | None:
-    if hint is None:
-        return None
-    return Decision(hint.roles, hint.placement, SolveStatus.FEASIBLE, bound=None, info={"used_hint": 1.0})
-
-
-def better_of(inst: Instance, dec: Decision, hint: Decision | None) -> Decision:
-    """``dec`` unless the hint prices strictly lower (then the hint, marked FEASIBLE)."""
-    if hint is None:
-        return dec
-    mine = decision_objective(inst, dec.roles, dec.placement)
-    theirs = decision_objective(inst, hint.roles, hint.placement)
-    tol = 1e-9 * max(1.0, abs(theirs))
-    if theirs < mine - tol:
-        return Decision(
-            hint.roles,
-            hint.placement,
-            SolveStatus.FEASIBLE,
-            bound=dec.bound,
-            info={**dec.info, "used_hint": 1.0},
-        )
-    return dec

@@ -66,11 +66,10 @@ from rollplan.models.perf import PerfModel, PerfProvider, default_provider
 from rollplan.models.specs import model_spec
 from rollplan.models.types import ClusterSnapshot, EngineState, Phase, Role, Slot, Trajectory
 from rollplan.solver.config import PlannerConfig, stopped_clock
+from rollplan.solver.core import pricing
 
 PREFILL_CHUNK = 2048
 """Tokens per prefill forward used to rate a slot's prefill throughput (vLLM's default chunk size)."""
-MAX_NUM_SEQS = 256
-"""vLLM's default ``max_num_seqs``: concurrent sequences per engine."""
 BATCH_REF = 64
 """Second batch size at which the decode step time is sampled to linearise tau(b) = a + c b."""
 
@@ -292,17 +291,16 @@ class Instance:
                         phi=self.phi)
 
     # -- per (j, s) quantities, computed on demand (|J| x |S| can be 16M at the largest scale) ---------------
-    # They read ``arrays`` (the same floats as ``trajs``), so that calling them does not build ``trajs``.
+    # They read ``arrays`` (the same floats as ``trajs``), so that calling them does not build ``trajs``;
+    # the formulas are ``pricing``'s.
     def share(self, j: int, s: int) -> float:
         """w_js: fraction of slot s's KV/sequence budget one occupancy step of j takes."""
-        sl = self.slots[s]
-        kbar = float(self.arrays.kbar[j])
-        return max(kbar / sl.kv_capacity if sl.kv_capacity > 0 else math.inf, 1.0 / MAX_NUM_SEQS)
+        return pricing.share(float(self.arrays.kbar[j]), self.slots[s].kv_capacity)
 
     def occupancy(self, j: int, s: int) -> float:
         """O_j on slot s, in decode steps."""
-        x, sl = self.arrays, self.slots[s]
-        return float(x.D[j]) + (float(x.W[j]) / sl.tau_ref if sl.tau_ref > 0 else 0.0)
+        x = self.arrays
+        return pricing.occupancy(float(x.D[j]), float(x.W[j]), self.slots[s].tau_ref)
 
     def fits(self, j: int, s: int) -> bool:
         """Whether j's peak KV fits slot s at all."""
@@ -313,45 +311,46 @@ class Instance:
         home = int(self.arrays.home[j])
         if home < 0 or home == s:
             return 0.0
-        return min(self.kv_transfer_seconds(j, s), self.reprefill_seconds(j, s))
+        return pricing.move_seconds(float(self.arrays.ctx[j]), self._rate(home, s), self.slots[s].mu)
 
     def move_by_kv(self, j: int, s: int) -> bool:
         """True when moving j to s is cheaper by KV transfer than by re-prefill."""
         return self.kv_transfer_seconds(j, s) <= self.reprefill_seconds(j, s)
 
+    def _rate(self, home: int, s: int) -> float:
+        src, dst = self.slots[home], self.slots[s]
+        return pricing.transfer_rate(src.node == dst.node, dst.same_node_kv_rate, dst.cross_node_kv_rate)
+
     def kv_transfer_seconds(self, j: int, s: int) -> float:
         home = int(self.arrays.home[j])
         if home < 0:
             return math.inf
-        src, dst = self.slots[home], self.slots[s]
-        rate = dst.same_node_kv_rate if src.node == dst.node else dst.cross_node_kv_rate
-        return 1e-3 + float(self.arrays.ctx[j]) / rate
+        return pricing.kv_transfer_seconds(float(self.arrays.ctx[j]), self._rate(home, s))
 
     def reprefill_seconds(self, j: int, s: int) -> float:
-        return float(self.arrays.ctx[j]) / self.slots[s].mu
+        return pricing.reprefill_seconds(float(self.arrays.ctx[j]), self.slots[s].mu)
 
     def kv_receive_seconds(self, j: int, s: int) -> float:
         """x_j: receiving j's future prefilled KV on DECODE slot s from a PREFILL slot (across nodes, conservative)."""
-        return float(self.arrays.P[j]) / self.slots[s].cross_node_kv_rate
+        return pricing.kv_receive_seconds(float(self.arrays.P[j]), self.slots[s].cross_node_kv_rate)
 
     def critical_path(self, j: int, s: int) -> float:
         """CP_js: j's own remaining time on slot s at batch 1 (decode, tools, its prefill)."""
         x, sl = self.arrays, self.slots[s]
-        return float(x.D[j]) * (sl.a + sl.c) + float(x.W[j]) + float(x.P[j]) / sl.mu
+        return pricing.critical_path(float(x.D[j]), float(x.W[j]), float(x.P[j]), sl.a, sl.c, sl.mu)
 
     def stall_seconds(self, j: int, s: int, role: Role) -> float:
         """e_js: seconds j's own prefill (MIXED: P_j / mu_s) or KV receive (DECODE: x_js) stalls slot s."""
-        if role is Role.DECODE:
-            return self.kv_receive_seconds(j, s)
-        return float(self.arrays.P[j]) / self.slots[s].mu
+        sl = self.slots[s]
+        return pricing.stall_seconds(float(self.arrays.P[j]), role is not Role.DECODE, sl.mu, sl.cross_node_kv_rate)
 
     def own_path(self, j: int, s: int, role: Role) -> float:
         """Q_js = CP_js - phi (c_s D_j + e_js): j's path on s in ``role`` without the co-running term, which the
         slot adds once as phi (c_s sum_k D_k + sum_k e_ks), so T_s >= st_s + Q_js + that for every j on s."""
-        x, sl = self.arrays, self.slots[s]
-        d = float(x.D[j])
-        own = self.stall_seconds(j, s, role)
-        return d * (sl.a + sl.c) + float(x.W[j]) + float(x.P[j]) / sl.mu - ((self.phi * sl.c) * d + self.phi * own)
+        sl = self.slots[s]
+        return pricing.own_path(
+            self.critical_path(j, s), float(self.arrays.D[j]), self.stall_seconds(j, s, role), self.phi * sl.c, self.phi
+        )
 
 
 def _slot_arrays(slots: Sequence[SlotCoeffs], rsw: float) -> dict[str, np.ndarray]:
@@ -641,7 +640,7 @@ def co_running_share(x: InstanceArrays) -> float:
         return 0.0
     r = int(x.rep[int(np.bincount(x.type_of).argmax())])
     dec = x.D * (x.a[r] + x.c[r])
-    cp = dec + x.W + x.P / x.mu[r]
+    cp = pricing.critical_path(x.D, x.W, x.P, x.a[r], x.c[r], x.mu[r])
     top = np.argsort(-cp, kind="stable")[:CO_RUNNING_TOP]
     total = float(cp[top].sum())
     return min(1.0, max(0.0, float(dec[top].sum()) / total)) if total > 0 else 0.0
@@ -667,3 +666,16 @@ def _check_hostable(inst: Instance) -> None:
         raise InfeasiblePlanError(
             reasons, fix="add slots with more GPU memory (or higher tp), or cap the context length of the workload"
         )
+
+
+def usable_slots(inst: Instance) -> list[int]:
+    """Slots that can do any work: no deadline, or a deadline after the slot could start."""
+    out = []
+    for s, sl in enumerate(inst.slots):
+        if sl.deadline is None:
+            out.append(s)
+            continue
+        st = sl.start_seconds(Role.MIXED, inst.config.role_switch_seconds)
+        if sl.deadline > st:
+            out.append(s)
+    return out

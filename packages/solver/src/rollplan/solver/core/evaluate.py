@@ -12,14 +12,14 @@ Tests compare the two on random decisions.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from rollplan.models.types import ObjectiveTerm, Role
-from rollplan.solver.instance import MAX_NUM_SEQS, Instance
+from rollplan.solver.core import pricing
+from rollplan.solver.core.instance import Instance
 
 TERM_MAKESPAN = "makespan"
 TERM_SWITCHING = "switching_gpu_seconds"
@@ -74,9 +74,6 @@ def evaluate_reference(inst: Instance, roles: Sequence[Role], placement: Sequenc
     switching = 0.0
     prefill_for_decode = 0.0
     trajs, slots = inst.trajs, inst.slots
-    min_share = 1.0 / MAX_NUM_SEQS
-    # The per-(j, s) quantities are Instance.share/occupancy/move_seconds/kv_receive_seconds/critical_path,
-    # inlined with the same floating-point operations.
     for j, s in enumerate(placement):
         t = trajs[j]
         role = roles[s]
@@ -90,20 +87,17 @@ def evaluate_reference(inst: Instance, roles: Sequence[Role], placement: Sequenc
         sum_d[s] += d
         if d > max_d[s]:
             max_d[s] = d
-        kvcap = sl.kv_capacity
-        share = max(t.kbar / kvcap if kvcap > 0 else math.inf, min_share)
-        occ[s] += (d + (t.tool / sl.tau_ref if sl.tau_ref > 0 else 0.0)) * share
+        occ[s] += pricing.occupancy_work(d, t.tool, t.kbar, sl.tau_ref, sl.kv_capacity)
         move = 0.0 if t.home is None or t.home == s else inst.move_seconds(j, s)
         switching += move * sl.tp
         mu = sl.mu
-        if role is Role.MIXED:
-            own = t.prefill / mu
-        else:
-            own = t.prefill / sl.cross_node_kv_rate
+        own = pricing.stall_seconds(t.prefill, role is Role.MIXED, mu, sl.cross_node_kv_rate)
+        if role is not Role.MIXED:
             prefill_for_decode += t.prefill
         extra[s] += own + move
         stall[s] += own
-        path = d * (sl.a + sl.c) + t.tool + t.prefill / mu - ((inst.phi * sl.c) * d + inst.phi * own)  # Q_js
+        cp_js = pricing.critical_path(d, t.tool, t.prefill, sl.a, sl.c, mu)
+        path = pricing.own_path(cp_js, d, own, inst.phi * sl.c, inst.phi)  # Q_js
         if path > cp[s]:
             cp[s] = path
 
@@ -139,20 +133,19 @@ def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) ->
     kvcap = x.kv[ps]
     tau = x.tau[ps]
     mu = x.mu[ps]
+    occ_j = pricing.occupancy_work(d, w, x.kbar[v], tau, kvcap)
+    # m_js (Instance.move_seconds): min(KV transfer, re-prefill) away from home, 0 at home / KV lost.
+    home = x.home[v]
+    away = (home >= 0) & (home != ps)
+    ctx = x.ctx[v]
+    src_node = x.node[np.where(home >= 0, home, 0)]
+    rate = pricing.transfer_rate(src_node == x.node[ps], x.same[ps], x.cross[ps])
     with np.errstate(divide="ignore", invalid="ignore"):
-        share = np.maximum(np.where(kvcap > 0, x.kbar[v] / kvcap, math.inf), 1.0 / MAX_NUM_SEQS)
-        occ_j = (d + np.where(tau > 0, w / tau, 0.0)) * share
-        # m_js (Instance.move_seconds): min(KV transfer, re-prefill) away from home, 0 at home / KV lost.
-        home = x.home[v]
-        away = (home >= 0) & (home != ps)
-        ctx = x.ctx[v]
-        src_node = x.node[np.where(home >= 0, home, 0)]
-        rate = np.where(src_node == x.node[ps], x.same[ps], x.cross[ps])
-        move = np.where(away, np.minimum(1e-3 + ctx / rate, ctx / mu), 0.0)
+        move = np.where(away, pricing.move_seconds(ctx, rate, mu), 0.0)
     mixed = is_mixed[ps]
-    own = np.where(mixed, p / mu, p / x.cross[ps])
+    own = pricing.stall_seconds(p, mixed, mu, x.cross[ps])
     extra_j = own + move
-    path = d * (x.a[ps] + x.c[ps]) + w + p / mu - ((inst.phi * x.c[ps]) * d + inst.phi * own)  # Q_js
+    path = pricing.own_path(pricing.critical_path(d, w, p, x.a[ps], x.c[ps], mu), d, own, inst.phi * x.c[ps], inst.phi)
     sum_d = np.bincount(ps, d, minlength=n_s)
     occ = np.bincount(ps, occ_j, minlength=n_s)
     extra = np.bincount(ps, extra_j, minlength=n_s)
@@ -210,8 +203,9 @@ def _finish(
             prefill_slots.append(s)
             finish[s] = st
             continue
-        decode_time = sl.c * sum_d[s] + sl.a * max(max_d[s], occ[s])
-        finish[s] = st + max(decode_time + extra[s], cp[s] + ((inst.phi * sl.c) * sum_d[s] + inst.phi * stall[s]))
+        finish[s] = pricing.slot_time(
+            st, sl.a, sl.c, inst.phi * sl.c, inst.phi, sum_d[s], max_d[s], occ[s], extra[s], cp[s], stall[s]
+        )
 
     if prefill_for_decode > 0:
         if not prefill_slots:

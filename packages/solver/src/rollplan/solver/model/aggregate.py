@@ -1,7 +1,8 @@
-"""Large instances: aggregate MILP over slot groups x trajectory classes, disaggregation, repair.
+"""The aggregate model of large instances: slot groups x trajectory classes, its decision MILP and its LP bound.
 
-Used by both ``milp`` and ``cpsat`` when the exact model is too big (``formulation.is_small``); the model
-is written once, through the formulation protocol (``formulation.ModelBuilder``). Math and the validity
+Used by both ``milp`` and ``cpsat`` when the exact model is too big (``formulation.is_small``; the pipeline
+around it is ``backends.pipeline.solve_large``); the model is written once, through the formulation
+protocol (``formulation.ModelBuilder``). Math and the validity
 argument of the bound: docs/formulation_large.md.
 
 Aggregation
@@ -29,49 +30,34 @@ v_i selects C_i; Mg[g,r,i] = N[g,r] v_i linearises N * C exactly)
   objective  C + lam (sum tp st N + switched-off slots' role change + moves of trajectories whose home slot
              stops decoding) + penalty sum E + sum O
   A solve that times out without a good incumbent simply loses to the hint below.
-The solved counts N become roles per slot (``repair.roles_from_counts``); trajectories stay on their hint
-slot when it still decodes, the rest are placed longest-first, then ``repair.repair`` runs; the result is
-compared with the hint (repaired too when time allows) and the better decision is returned.
+The solved counts N become roles per slot (``search.disaggregate``, in ``backends.pipeline.solve_large``).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from rollplan.models.types import Role, SolveStatus
-from rollplan.solver.actions import release_idle
-from rollplan.solver.backends.base import Decision
-from rollplan.solver.backends.formulation import (
+from rollplan.solver.core import pricing
+from rollplan.solver.core.bounds import critical_path_bound
+from rollplan.solver.core.evaluate import TERM_MAKESPAN, TERM_OVERRUN, TERM_SWITCHING
+from rollplan.solver.core.instance import Instance
+from rollplan.solver.core.tables import Tables
+from rollplan.solver.model.formulation import (
     DECODING,
     ON_ROLES,
-    BuilderFactory,
     LinearModel,
     ModelBuilder,
     ObjectivePart,
     Sense,
     SolveLimits,
     Var,
-    is_small,
-    solve_exact,
 )
-from rollplan.solver.backends.repair import (
-    Prep,
-    SlotState,
-    pack_decreasing,
-    place_longest_first,
-    repair,
-    roles_from_counts,
-    state_of,
-    state_of_partial,
-)
-from rollplan.solver.bounds import critical_path_bound, instance_arrays
-from rollplan.solver.evaluate import TERM_MAKESPAN, TERM_OVERRUN, TERM_SWITCHING
-from rollplan.solver.instance import Instance
 
 log = logging.getLogger(__name__)
 
@@ -81,18 +67,6 @@ LENGTH_BUCKETS = 12
 DEADLINE_BUCKETS = 4
 GRID_POINTS = 6
 GRID_STEP = 0.01
-AGG_SHARE = 0.4
-"""Share of the remaining budget the aggregate MILP may use (the rest: disaggregation and repair)."""
-MARGIN = 0.01
-FIXED_SECONDS_PER_TRAJECTORY = 6e-6
-FIXED_SECONDS_PER_SLOT = 5e-5
-"""Measured CPU cost of the untimed preparation (numpy tables, hint pricing, one aggregate build)."""
-PACK_TRIGGER = 1.02
-"""Length packing runs when the best makespan so far exceeds the critical-path bound by this factor."""
-SMALL_PRE_SHARE = 0.2
-"""Share of a small instance's budget the aggregate pipeline gets before the exact model (a better hint)."""
-AGG_GAP = 1e-5
-"""Relative gap of the aggregate MILP: tight, since its switching terms are ~1e-3 of the objective."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -132,7 +106,7 @@ class Aggregation:
         return int(self.classes[k].size)
 
 
-def _classes(prep: Prep) -> list[np.ndarray]:
+def _classes(prep: Tables) -> list[np.ndarray]:
     """Trajectory classes: critical-path buckets on the most common perf type x KV-fit signature."""
     n_types = prep.cp_a.shape[0]
     ref = int(np.bincount(prep.x.type_of, minlength=n_types).argmax()) if prep.ptype else 0
@@ -153,16 +127,10 @@ def _classes(prep: Prep) -> list[np.ndarray]:
     return [g for g in np.split(order, cuts) if g.size]
 
 
-def _head(prep: Prep, pt: int, top_d: np.ndarray, hint: SlotState | None) -> float:
+def _head(prep: Tables, pt: int, top_d: np.ndarray, excess: Sequence[float]) -> float:
     a = float(prep.x.a[prep.x.rep[pt]])
-    if hint is not None:
-        excess = [
-            max(hint.max_d[s], hint.occ[s]) - hint.occ[s]
-            for s, r in enumerate(hint.roles)
-            if r.decodes and prep.ptype[s] == pt and hint.members[s]
-        ]
-        if excess:
-            return a * float(np.mean(excess))
+    if excess:
+        return a * float(np.mean(excess))
     return a * float(top_d.mean()) if top_d.size else 0.0
 
 
@@ -176,19 +144,19 @@ def _deadline_buckets(values: Sequence[float]) -> list[float]:
 
 
 def aggregate(
-    prep: Prep,
+    prep: Tables,
     *,
     upper: float,
     hint_decoding: int,
     use_deadlines: bool,
     least: bool = False,
-    hint: SlotState | None = None,
+    head_excess: Mapping[int, Sequence[float]] | None = None,
 ) -> Aggregation:
     """Group slots and classify trajectories. ``least``: per-class least work (the bound), else the mean.
 
-    The head allowance h (per perf type): the mean over the hint's decoding slots of a (max(maxD, occ) -
-    occ), the part of a slot's time the additive work misses; without a hint, a x the mean of the
-    ``hint_decoding`` longest D's.
+    The head allowance h (per perf type): a x the mean of ``head_excess[type]`` (the hint's decoding slots'
+    max(maxD, occ) - occ, the part of a slot's time the additive work misses); without them, a x the mean
+    of the ``hint_decoding`` longest D's.
     """
     inst = prep.inst
     x = prep.x
@@ -217,7 +185,7 @@ def aggregate(
         move_mean = 0.0
         if homed[g]:
             ctx = x.ctx[has_home][home_g == g]
-            move_mean = float(np.minimum(1e-3 + ctx / prep.cross[s0], ctx / mu).mean())
+            move_mean = float(pricing.move_seconds(ctx, prep.cross[s0], mu).mean())
         groups.append(
             SlotGroup(
                 members=tuple(members),
@@ -244,7 +212,7 @@ def aggregate(
     top_d = np.sort(D)[::-1][: max(1, min(hint_decoding, D.size))]
     for pt, r in enumerate(x.rep.tolist()):
         fits = prep.fits_a[pt]
-        base = x.c[r] * D + x.a[r] * prep.occw_a[pt]
+        base = pricing.additive_work(D, prep.occw_a[pt], x.a[r], x.c[r])
         fitcount = np.bincount(label[fits], minlength=n_k)
         tables = {
             Role.MIXED: base + prep.mix_a[pt],
@@ -266,7 +234,7 @@ def aggregate(
                 agg.work[k, pt, Role.MIXED] = float(stats[Role.MIXED][k])
                 agg.work[k, pt, Role.DECODE] = float(stats[Role.DECODE][k])
                 agg.cpmax[k, pt] = float(cpm[k])
-        agg.head.append(0.0 if least else _head(prep, pt, top_d, hint))
+        agg.head.append(0.0 if least else _head(prep, pt, top_d, (head_excess or {}).get(pt, ())))
     if least:
         pmin = np.full(n_k, np.inf)
         np.minimum.at(pmin, label, x.P)
@@ -494,141 +462,6 @@ def makespan_grid(lo: float, hi: float, points: int = GRID_POINTS, step: float =
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The pipeline
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _from_counts(
-    prep: Prep,
-    agg: Aggregation,
-    counts: Sequence[dict[Role, int]],
-    hint: SlotState | None,
-    *,
-    until: float,
-    clock: Callable[[], float],
-) -> SlotState | None:
-    """Disaggregate: roles from counts (preferring the hint's), hint placement kept where it still decodes."""
-    n_s = len(prep.slots)
-    hosted = [0] * n_s
-    if hint is not None:
-        for s in range(n_s):
-            hosted[s] = len(hint.members[s])
-    else:
-        for h in prep.home:
-            if h >= 0:
-                hosted[h] += 1
-    roles = roles_from_counts(
-        prep, [g.members for g in agg.groups], counts, hint.roles if hint is not None else None, hosted
-    )
-    if not any(r.decodes for r in roles):
-        return None
-    pd = {r for r in roles if r in (Role.PREFILL, Role.DECODE)}
-    if Role.DECODE in pd and Role.PREFILL not in pd and any(x > 0 for x in prep.P):
-        roles = [Role.MIXED if r is Role.DECODE else r for r in roles]
-    x = prep.x
-    start = np.asarray(hint.where if hint is not None else prep.home, dtype=np.int64)
-    decodes = np.asarray([r.decodes for r in roles])
-    safe = np.where(start >= 0, start, 0)
-    keep = (start >= 0) & decodes[safe] & prep.fits_a[x.type_of[safe], np.arange(start.size)]
-    kept = np.nonzero(keep)[0]
-    state = state_of_partial(prep, roles, kept, start[kept])
-    todo = np.nonzero(~keep)[0].tolist()
-    if not place_longest_first(state, todo, until=until, clock=clock):
-        return None
-    return state
-
-
-def solve_large(
-    inst: Instance, factory: BuilderFactory, *, budget: float, hint: Decision | None, backend: str
-) -> Decision | None:
-    """Aggregate, solve, disaggregate, repair; never worse than ``hint`` (see the module docstring)."""
-    cfg = inst.config
-    clock = cfg.clock
-    t0 = clock()
-    until = t0 + budget - MARGIN
-    fixed = FIXED_SECONDS_PER_TRAJECTORY * len(inst.trajs) + FIXED_SECONDS_PER_SLOT * len(inst.slots)
-    if hint is not None and budget < 2.0 * fixed:
-        # Preparation alone would eat the budget: the hint is the answer.
-        return Decision(
-            hint.roles, hint.placement, SolveStatus.FEASIBLE, info={"used_hint": 1.0, "from_hint": 1.0}
-        )
-    x = instance_arrays(inst)
-    prep = Prep(inst, x)
-    hint_state: SlotState | None = None
-    if hint is not None and len(hint.placement) == len(inst.trajs) and len(hint.roles) == len(inst.slots):
-        roles = release_idle(inst, hint.roles, hint.placement)
-        pl = np.asarray(hint.placement, dtype=np.int64)
-        decodes = np.asarray([r.decodes for r in roles])
-        if pl.size == 0 or (decodes[pl].all() and prep.fits_a[x.type_of[pl], np.arange(pl.size)].all()):
-            hint_state = state_of(prep, roles, hint.placement)
-    hint_price = hint_state.price() if hint_state is not None else None
-    lo = critical_path_bound(inst, x)
-    if hint_price is not None and math.isfinite(hint_price.makespan) and hint_price.overrun <= 0:
-        hi = max(lo, hint_price.makespan)
-    else:
-        hi = max(lo, 1.0) * 2.0
-    n_dec = sum(1 for r in hint_state.roles if r.decodes) if hint_state is not None else len(inst.slots)
-    info: dict[str, float] = {"prep_seconds": clock() - t0}
-    best: tuple[float, SlotState, str] | None = None
-    if hint_state is not None and hint_price is not None:
-        best = (hint_price.objective, hint_state, "hint")
-
-    # 1. Aggregate model.
-    agg = aggregate(prep, upper=hi, hint_decoding=n_dec, use_deadlines=True, hint=hint_state)
-    form = AggregateFormulation(inst, agg, makespan_grid(lo, hi))
-    builder = factory(inst)
-    form.build(builder)
-    info["aggregate_build_seconds"] = clock() - t0
-    left = until - clock()
-    state: SlotState | None = None
-    if left > 0:
-        res = builder.solve(
-            SolveLimits.of(cfg, AGG_SHARE * left, relative_gap=AGG_GAP)
-        )
-        info["aggregate_seconds"] = clock() - t0
-        if res.status is not None:
-            info["aggregate_makespan"] = float(res.value(form.C))
-            state = _from_counts(prep, agg, form.counts(res.value), hint_state, until=until, clock=clock)
-            info["disaggregate_seconds"] = clock() - t0
-    # 2. Repair the disaggregated decision; polish the hint instead when that did not beat it.
-    if state is not None:
-        share = clock() + 0.6 * max(0.0, until - clock()) if hint_state is not None else until
-        info["repair_moves"] = float(repair(state, until=share, clock=clock))
-        info["repair_seconds"] = clock() - t0
-        state.release()
-        price = state.price()
-        info["aggregate_objective"] = price.objective
-        if best is None or price.objective < best[0] - 1e-9 * max(1.0, abs(best[0])):
-            best = (price.objective, state, "aggregate")
-    # 3. Load-bound instances (the hint well above the critical-path bound): pack by length.
-    if best is not None and best[1].price().makespan > PACK_TRIGGER * lo and clock() < until:
-        pack_until = clock() + 0.5 * max(0.0, until - clock())
-        packed = pack_decreasing(
-            prep, best[1].roles, lo=lo, hi=best[1].price().makespan, until=pack_until, clock=clock
-        )
-        if packed is not None:
-            info["pack_repair_moves"] = float(repair(packed, until=pack_until, clock=clock))
-            packed.release()
-            price = packed.price()
-            info["pack_objective"] = price.objective
-            if price.objective < best[0] - 1e-9 * max(1.0, abs(best[0])):
-                best = (price.objective, packed, "packed")
-    if hint_state is not None and best is not None and best[2] == "hint" and clock() < until:
-        polished = state_of(prep, hint_state.roles, hint_state.where)
-        info["hint_repair_moves"] = float(repair(polished, until=until, clock=clock))
-        polished.release()
-        price = polished.price()
-        if best is None or price.objective < best[0] - 1e-9 * max(1.0, abs(best[0])):
-            best = (price.objective, polished, "hint_repaired")
-    if best is None:
-        return None
-    info["seconds"] = clock() - t0
-    info["from_hint"] = 1.0 if best[2] in ("hint", "hint_repaired") else 0.0
-    st = best[1]
-    return Decision(tuple(st.roles), tuple(st.where), SolveStatus.FEASIBLE, bound=None, info=info)
-
-
-# ---------------------------------------------------------------------------------------------------------
 # The LP bound for large instances
 # ---------------------------------------------------------------------------------------------------------
 
@@ -647,8 +480,8 @@ def bound_lp(inst: Instance, factory: type, *, budget: float, upper: float | Non
     """
     clock = inst.config.clock
     t0 = clock()
-    x = instance_arrays(inst)
-    prep = Prep(inst, x)
+    x = inst.arrays
+    prep = Tables(inst, x)
     agg = aggregate(prep, upper=math.inf, hint_decoding=1, use_deadlines=False, least=True)
     builder = factory(inst)
     builder.solver = "highs"
@@ -715,28 +548,3 @@ def bound_lp(inst: Instance, factory: type, *, budget: float, upper: float | Non
     if res.status is not SolveStatus.OPTIMAL or res.bound is None:
         return None
     return max(cp, res.bound * (1.0 - 1e-7) - 1e-7)
-
-
-@dataclass(frozen=True, slots=True)
-class FormulationBackend:
-    """``Backend`` protocol over one model builder (PuLP or CP-SAT): the exact per-trajectory model when the
-    instance is small (``formulation.is_small``), aggregate + disaggregate + repair when it is large."""
-
-    name: str
-    make_builder: BuilderFactory
-
-    def solve(self, inst: Instance, *, budget: float, hint: Decision | None = None) -> Decision | None:
-        if is_small(inst, budget):
-            # The aggregate pipeline first, on a share of the budget, as a better hint: on small instances the
-            # exact model's search can end above what aggregate + repair finds in milliseconds (measured: 6
-            # H100/H800/A100 x 60 trajectories, 77.52 after 20 s vs 77.38 at 0.2 s, when is_small flipped with
-            # the budget), and the exact solve never returns worse than its hint: more time, never worse.
-            clock = inst.config.clock
-            t0 = clock()
-            pre = solve_large(
-                inst, self.make_builder, budget=SMALL_PRE_SHARE * budget, hint=hint, backend=self.name
-            )
-            if pre is not None:
-                hint = Decision(pre.roles, pre.placement, SolveStatus.HEURISTIC)
-            return solve_exact(inst, self.make_builder, budget=budget - (clock() - t0), hint=hint)
-        return solve_large(inst, self.make_builder, budget=budget, hint=hint, backend=self.name)

@@ -35,8 +35,8 @@ from rollplan.models.types import (
     Trajectory,
 )
 from rollplan.solver.config import PlannerConfig
-from rollplan.solver.evaluate import evaluate, evaluate_ids
-from rollplan.solver.instance import Instance, build_instance
+from rollplan.solver.core.evaluate import evaluate, evaluate_ids
+from rollplan.solver.core.instance import Instance, build_instance
 
 REL_TOL = 1e-6
 ABS_TOL = 1e-6

@@ -1,0 +1,187 @@
+"""Disaggregation: from role counts per slot group (the aggregate model's answer) to roles per slot and a
+placement, and the length packing of load-bound instances.
+
+``roles_from_counts`` turns slot counts per (group, role) into roles per slot, keeping the hint's (or the
+current) role where the counts allow. ``place_longest_first`` places trajectories longest first, each on
+the decoding slot whose finish after adding it is earliest (one heap per slot group). ``pack_decreasing``
+packs by remaining decode length, next fit, bisecting the target makespan (docs/formulation_large.md,
+"Length packing"). All price through ``search.state.SlotState``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+
+from rollplan.models.types import Role
+from rollplan.solver.core.tables import Tables
+from rollplan.solver.search.local import PROBES
+from rollplan.solver.search.state import SlotState
+
+
+def roles_from_counts(
+    prep: Tables,
+    groups: Sequence[Sequence[int]],
+    counts: Sequence[dict[Role, int]],
+    prefer: Sequence[Role] | None,
+    hosted: Sequence[int],
+) -> list[Role]:
+    """Roles per slot with ``counts[g][r]`` slots of ``groups[g]`` in role r.
+
+    Within a group, a slot keeps the role it has in ``prefer`` (the hint) or now, when the counts allow, so
+    that fewer trajectories move; decoding roles go first to the slots hosting the most trajectories.
+    """
+    roles = [Role.OFF] * len(prep.slots)
+    for members, want in zip(groups, counts, strict=True):
+        left = dict(want)
+        free = list(members)
+        for key in ("prefer", "current"):
+            rest = []
+            for s in free:
+                r = prefer[s] if (key == "prefer" and prefer is not None) else prep.slots[s].current_role
+                if r is not Role.OFF and left.get(r, 0) > 0:
+                    roles[s] = r
+                    left[r] -= 1
+                else:
+                    rest.append(s)
+            free = rest
+        free.sort(key=lambda s: -hosted[s])
+        for r in (Role.DECODE, Role.MIXED):
+            while left.get(r, 0) > 0 and free:
+                roles[free.pop(0)] = r
+                left[r] -= 1
+        while left.get(Role.PREFILL, 0) > 0 and free:
+            roles[free.pop()] = Role.PREFILL  # the slots hosting the fewest
+            left[Role.PREFILL] -= 1
+    return roles
+
+
+def place_longest_first(
+    state: SlotState,
+    todo: Sequence[int],
+    *,
+    until: float | None = None,
+    clock: Callable[[], float] | None = None,
+) -> bool:
+    """Place ``todo`` (trajectory indices) longest-first, each where its slot finishes earliest.
+
+    One heap per (perf type, role, has-deadline) group keyed by finish; deadline groups probe a few of their
+    least loaded slots for one that stays within its deadline. Returns False if some trajectory fits nowhere
+    or ``until`` (on ``clock``) passes first.
+    """
+    p = state.prep
+    ref = max(range(len(p.cp)), key=lambda k: p.ptype.count(k)) if p.cp else 0
+    order = sorted(todo, key=lambda j: -p.cp[ref][j])
+    # Lazy heaps of (finish, slot): an entry is current when its finish equals the slot's finish now.
+    heap_of: dict[int, list[tuple[float, int]]] = {}
+    heaps: list[tuple[int, bool, list[tuple[float, int]]]] = []
+    keyed: dict[tuple[int, Role, bool], list[tuple[float, int]]] = {}
+    for s, r in enumerate(state.roles):
+        if r.decodes:
+            key = (p.ptype[s], r, p.deadline[s] < math.inf)
+            if key not in keyed:
+                keyed[key] = []
+                heaps.append((key[0], key[2], keyed[key]))
+            keyed[key].append((state.finish[s], s))
+            heap_of[s] = keyed[key]
+    for _, _, hp in heaps:
+        heapq.heapify(hp)
+    fin = state.finish
+    for n, j in enumerate(order):
+        if until is not None and clock is not None and n % 64 == 63 and clock() >= until:
+            return False
+        best: tuple[float, float, int] | None = None
+        home = p.home[j]
+        if home >= 0 and state.roles[home].decodes and p.fits[p.ptype[home]][j]:
+            f = state.finish_with(j, home)
+            best = (max(0.0, f - p.deadline[home]), f, home)
+        for k, has_deadline, heap in heaps:
+            if not heap or not p.fits[k][j]:
+                continue
+            while heap and heap[0][0] != fin[heap[0][1]]:
+                heapq.heappop(heap)  # stale
+            probes = [e for e in heap[:PROBES] if e[0] == fin[e[1]]] if has_deadline else heap[:1]
+            for _, s in probes:
+                f = state.finish_with(j, s) + p.lam * p.move(j, s) * p.tp[s]
+                over = max(0.0, f - p.deadline[s])
+                if best is None or (over, f) < (best[0], best[1]):
+                    best = (over, f, s)
+                if over <= 0:
+                    break
+        if best is None:
+            return False
+        s = best[2]
+        state.add(j, s)
+        heapq.heappush(heap_of[s], (fin[s], s))
+    return True
+
+
+def pack_decreasing(
+    prep: Tables,
+    roles: Sequence[Role],
+    *,
+    lo: float,
+    hi: float,
+    until: float,
+    clock: Callable[[], float],
+    rounds: int = 14,
+) -> SlotState | None:
+    """Next-fit-decreasing packing by remaining decode length, bisecting the target makespan in [lo, hi].
+
+    A slot's time is dominated by c sum D + a max(max D, occupancy): placing trajectories of similar length
+    together pays each slot's max D once for many of them, which longest-first spreading (one long
+    trajectory per slot) does not. Slots fill in order of start time up to min(target, deadline); the
+    best feasible packing found before ``until`` is returned (None if none).
+    """
+    order = sorted(range(len(prep.D)), key=lambda j: -prep.D[j])
+    slots = sorted((s for s, r in enumerate(roles) if r.decodes), key=lambda s: (prep.start(s, roles[s]), s))
+    if not slots or not order:
+        return None
+    best: SlotState | None = None
+    for _ in range(rounds):
+        if clock() >= until or hi <= lo * (1 + 1e-4):
+            break
+        target = 0.5 * (lo + hi)
+        state = _pack_at(prep, roles, order, slots, target, until, clock)
+        if state is None:
+            lo = target
+        else:
+            best, hi = state, max(state.finish)
+    return best
+
+
+def _pack_at(
+    prep: Tables,
+    roles: Sequence[Role],
+    order: Sequence[int],
+    slots: Sequence[int],
+    target: float,
+    until: float,
+    clock: Callable[[], float],
+) -> SlotState | None:
+    state = SlotState(prep, roles)
+    cap = [min(target, prep.deadline[s]) for s in slots]
+    cur = 0
+    for n, j in enumerate(order):
+        if n % 256 == 255 and clock() >= until:
+            return None
+        placed = False
+        i = cur
+        while i < len(slots):
+            s = slots[i]
+            if prep.fits[prep.ptype[s]][j] and state.finish_with(j, s) <= cap[i]:
+                state.add(j, s)
+                placed = True
+                break
+            if i == cur and state.members[s]:
+                cur += 1  # next fit: a slot that rejects a (longer-first) trajectory is closed
+            i += 1
+        if not placed:
+            return None
+    return state
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Local search
+# ---------------------------------------------------------------------------------------------------------
