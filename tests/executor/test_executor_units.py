@@ -8,7 +8,8 @@ Invariants checked with hypothesis:
   finite and >= 0; remaining decode tokens never exceed the item's budget left; with a finished sibling of
   total T, a sibling that made g < T tokens is predicted T - g; a prompt seen in an earlier batch is
   predicted from that history in the next.
-- fallback plan: every unfinished trajectory is placed on a slot without a deadline (when one exists);
+- fallback plan: every unfinished trajectory is placed on a slot without a deadline (when one exists), a new
+  placement on one that serves now when one does;
   actions come in ``ACTION_ORDER``; every slot with a deadline is returned.
 """
 
@@ -178,6 +179,12 @@ def test_fallback_plan_places_everything_and_orders_actions(slots, n, data) -> N
     if keep:
         assert set(plan.placement) == {t.id for t in trajs}
         assert set(plan.placement.values()) <= keep
+        # New placements go to slots that serve now (a trajectory already on a kept slot stays there).
+        warm = {s.id for s in slots if s.return_by is None and s.engine is EngineState.WARM}
+        if warm:
+            for t in trajs:
+                if t.slot not in keep:
+                    assert plan.placement[t.id] in warm
     order = [ACTION_ORDER.index(a.kind) for a in plan.actions]
     assert order == sorted(order)
     returned = {a.slot for a in plan.actions if a.kind.value == "return_slot"}

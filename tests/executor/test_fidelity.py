@@ -112,4 +112,5 @@ def test_real_run_against_its_simulation(shared_data: Path) -> None:
     assert row["real_done"] == 12
     assert row["real_rollout_s"] > 0 and row["sim_rollout_s"] > 0
     assert abs(row["error"]) < 0.5, json.dumps(row)[:2000]
-    assert out["calibration"]["decode_a"] > 0 and out["calibration"]["engine_start"] > 1.0
+    cal = row["calibration"]
+    assert cal["decode_a"] + cal["decode_c"] > 0 and cal["engine_start"] > 1.0 and cal["prefill_fixed"] == 0.0

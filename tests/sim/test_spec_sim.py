@@ -4,7 +4,9 @@ Checked: with a fixed draft length, a lone trajectory decodes at (decode step + 
 token (hand-computed), and a group's acceptance rises when a sibling finishes (the survivor speeds up); under
 every policy on a small random scenario, acceptance 0 with a fixed k is never faster than no speculation,
 adaptive drafting at acceptance 0 equals no speculation, and full acceptance is faster; bad options are
-one-line errors.
+one-line errors. The planner's perf (``SpeculativePerf``): decode priced per produced token, never slower than
+plain, the step contracts kept, and the rollplan policy hands it to its planner when the slots speculate (at
+the acceptance it measured), the plain model otherwise.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import pytest
 
 from rollplan.models.errors import SchemaError
 from rollplan.models.perf import perf_model
-from rollplan.models.perf.spec import expected_tokens_per_step
+from rollplan.models.perf.spec import SpeculativePerf, best_draft_length, expected_tokens_per_step
 from rollplan.sim.engine import FastPerf, SimConfig, SimTraj
-from rollplan.sim.policies import POLICY_NAMES, make_policy
+from rollplan.sim.policies import POLICY_NAMES, RollplanPolicy, make_policy
 from rollplan.sim.replay import BatchSource, Scenario, builtin_bases, run_policy
 
 
@@ -78,3 +80,34 @@ def test_no_acceptance_never_helps_and_full_acceptance_does(policy: str) -> None
 def test_bad_spec_options_are_one_line_with_a_fix(kw: dict) -> None:
     with pytest.raises(SchemaError, match="To fix:"):
         SimConfig(**kw)
+
+
+def test_speculative_perf_prices_decode_per_produced_token() -> None:
+    p = perf_model("h800", "qwen3-8b", calibrated=True)
+    w = SpeculativePerf(p, 0.7, 4)
+    for b, kv in ((1, 2000.0), (16, 9000.0), (256, 30000.0)):
+        assert w.decode_step_time(b, kv) == best_draft_length(p, b, kv, 0.7, 4).seconds_per_token
+        assert w.decode_step_time(b, kv) <= p.decode_step_time(b, kv)
+        assert w.step_time(0, 0, b, b * kv) == pytest.approx(w.decode_step_time(b, kv))
+        # what a prefill chunk adds to a step is the plain model's
+        added = w.step_time(1024, 4000, b, b * kv) - w.decode_step_time(b, kv)
+        assert added == pytest.approx(p.step_time(1024, 4000, b, b * kv) - p.decode_step_time(b, kv))
+    assert w.step_time(512, 0, 0, 0.0) == p.prefill_time([512], [0])
+    assert SpeculativePerf(p, 0.0, 4).decode_step_time(8, 4000.0) == p.decode_step_time(8, 4000.0)
+    assert w.kv_capacity_tokens() == p.kv_capacity_tokens() and w.cold_start_time() == p.cold_start_time()
+    with pytest.raises(SchemaError, match="To fix:"):
+        SpeculativePerf(p, 1.5, 4)
+
+
+def test_rollplan_planner_prices_speculation_when_slots_speculate() -> None:
+    seen: dict[str, object] = {}
+
+    for name, spec in (("off", {}), ("on", {"spec_tokens": 4, "spec_acceptance": 0.8})):
+        pol = make_policy("rollplan")
+        assert isinstance(pol, RollplanPolicy)
+        run = run_policy(_random(**spec), pol)
+        assert run.summary["trajectories_completed"] == 16
+        seen[name] = pol.planner.config.perf("h800", 1)
+    assert not isinstance(seen["off"], SpeculativePerf)
+    on = seen["on"]
+    assert isinstance(on, SpeculativePerf) and on.k == 4 and 0.0 < on.acceptance <= 0.8

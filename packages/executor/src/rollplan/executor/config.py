@@ -154,6 +154,10 @@ class EngineConfig:
     share the CPU cores, so 1 avoids oversubscription. ``env``: extra environment for engine processes.
     ``speculative``: speculative decoding (``SpeculativeConfig``; None: off); with it on, every request's
     result carries its drafted / accepted token counts (vLLM's per-request spec-decode metrics).
+    ``start_nice``: on hosts whose engines share CPU cores (the CPU build), start each engine at this CPU
+    niceness (1..19) and go back to the normal priority once it serves, so a start (two vLLM imports and the
+    engine's build: tens of CPU-seconds) takes idle CPU instead of slowing the engines that serve beside it,
+    as a start on another GPU node would not. Measured in docs/simulator.md ("Fidelity"). None: off.
     """
 
     model: str
@@ -172,6 +176,7 @@ class EngineConfig:
     max_num_seqs: int = 128
     env: Mapping[str, str] = field(default_factory=dict)
     speculative: SpeculativeConfig | None = None
+    start_nice: int | None = None
 
     def env_vars(self) -> dict[str, str]:
         """Environment an engine process sets before importing vLLM."""

@@ -43,6 +43,7 @@ from rollplan.models import (
     ActionFailures,
     ActionKind,
     ClusterSnapshot,
+    EngineState,
     Phase,
     Plan,
     Role,
@@ -953,8 +954,11 @@ def _node_gone(exc: BaseException) -> bool:
 def fallback_plan(snap: ClusterSnapshot, slots: dict[str, SlotRuntime] | None = None) -> Plan:
     """The executor's own policy when no planner is available (or it failed): every slot without a
     deadline serves MIXED (engines started / woken / synced as needed); trajectories keep their slot or
-    go to the least loaded one; slots with a deadline are emptied (KV migration) and returned."""
+    go to the least loaded one that serves now (an engine still starting takes work once it serves, as the
+    simulator's elastic-plus does: placing work on it would hold that work for the whole start); slots with a
+    deadline are emptied (KV migration) and returned."""
     keep = [s for s in snap.slots if s.return_by is None]
+    serving = [s for s in keep if s.engine is EngineState.WARM] or keep
     roles: dict[str, Role] = {}
     actions: list[Action] = []
     for s in snap.slots:
@@ -979,9 +983,9 @@ def fallback_plan(snap: ClusterSnapshot, slots: dict[str, SlotRuntime] | None = 
             placement[t.id] = t.slot  # type: ignore[assignment]
             load[t.slot] += 1
     for t in unfinished:
-        if t.id in placement or not keep:
+        if t.id in placement or not serving:
             continue
-        dest = min(keep, key=lambda s: (load[s.id], s.id)).id
+        dest = min(serving, key=lambda s: (load[s.id], s.id)).id
         placement[t.id] = dest
         load[dest] += 1
         if t.slot is not None and t.slot != dest:

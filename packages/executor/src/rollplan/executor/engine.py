@@ -70,6 +70,33 @@ def _chosen_logprobs(completion: Any) -> list[float] | None:
     return [float(lp[tok].logprob) for tok, lp in zip(completion.token_ids, completion.logprobs, strict=True)]
 
 
+def _renice_tree(pid: int, nice: int) -> None:
+    """Set the CPU niceness of every thread of ``pid`` and of its child processes (vLLM's engine core is one),
+    recursively (Linux niceness is per thread; /proc lists them). Best effort: elsewhere, or without the
+    privilege to raise a priority again, the engine keeps what it has (logged)."""
+    seen: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{p}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+            except OSError as exc:
+                log.debug("renice of %s to %s failed: %s", tid, nice, exc)
+            try:
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+            except OSError:
+                pass
+
+
 class EngineActor:
     """Owns one AsyncLLM. Construct through Ray (see ``rollplan.executor.engine_pool``)."""
 
@@ -88,6 +115,10 @@ class EngineActor:
         self._started_at = time.time()
         self._dead: str | None = None  # why vLLM's core died, once it has
         self._vids: dict[str, str] = {}  # request id -> vLLM request id, where they differ (group tag)
+        self._base_nice: int | None = None
+        if config.start_nice:
+            self._base_nice = os.getpriority(os.PRIO_PROCESS, 0)
+            _renice_tree(os.getpid(), self._base_nice + int(config.start_nice))
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def start(
@@ -125,6 +156,10 @@ class EngineActor:
             self._life.fire("stop", time.time())
             self._shutdown_engine()
             raise
+        finally:
+            if self._base_nice is not None:  # serving (or failed): back to the normal priority
+                _renice_tree(os.getpid(), self._base_nice)
+                self._base_nice = None
         self._life.fire("ready", time.time())
         return {"import": t1 - t0, "create": t2 - t1, "weights": t3 - t2, "total": t3 - t0}
 

@@ -26,6 +26,7 @@ one. What the simulator leaves out is listed in docs/simulator.md ("Fidelity") w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import math
 import os
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollplan.models import AvailabilityEvent, EngineState, EventKind, Slot, SlotSource
+from rollplan.models import AvailabilityEvent, EngineState, EventKind, Role, Slot, SlotSource
 from rollplan.models.errors import SchemaError
 
 SLOT = "rollplan_slot"
@@ -49,6 +50,15 @@ DEFAULT_TOOL_SCALE = 0.25
 tokens on a GPU at ~50-100 tokens/s (a few seconds per turn beside a median 0.04 s, p90 9 s tool call); the
 tiny model's turns here are ~40 tokens at ~100-200 tokens/s per sequence under load (a fraction of a second),
 so a quarter keeps tool waits a comparable share of a trajectory's time without letting them dominate it."""
+START_NICE = 19
+"""Engines start at the lowest CPU priority (``EngineConfig.start_nice``): the engines share this machine's
+cores, and a start at normal priority slows the serving engines (docs/simulator.md, "Fidelity"), which engines
+on separate GPU nodes, the system the simulator models, do not do to each other."""
+PLANNER = ("greedy", 0.05)
+"""The rollplan policy's planner on both sides: the simulator's replays run greedy (``RollplanPolicy``'s
+default), and the simulator does not charge a plan's solve time yet (issue 18), so an exact backend's
+wall-clock solves (CPU the engines share here, actions after the solve) are a difference the bench would
+measure instead of the simulator's physics; docs/simulator.md ("Fidelity") gives its measured size."""
 TOOL_CAP_S = 6.0
 """Longest scaled tool wait (s): the traces' tail (up to 362 s) would make one trajectory the whole rollout."""
 
@@ -77,11 +87,15 @@ class FidelityTrajectory:
                            sampling=SamplingConfig(max_tokens=self.decode, ignore_eos=True), chat=False,
                            data=self)
 
-    def sim(self) -> Any:
+    def sim(self, turn_overhead_s: float = 0.0) -> Any:
+        """The simulator's course. ``turn_overhead_s``: the executor's per-request latency outside the engine
+        (a turn's request to the engine actor and its result back, through Ray), added to each tool wait:
+        like a tool call, it keeps the trajectory off the engine's batch while its KV stays."""
         from rollplan.sim.engine import SimTraj
 
         return SimTraj(self.id, self.group, len(self.prompt), (0, *self.observations),
-                       (self.decode,) * self.turns, (*self.tools, 0.0), source=self.group)
+                       (self.decode,) * self.turns, (*(t + turn_overhead_s for t in self.tools), 0.0),
+                       source=self.group)
 
 
 def tool_durations(data_dir: str | Path) -> list[float]:
@@ -158,13 +172,14 @@ class Script:
 
 
 # -- the real run ------------------------------------------------------------------------------------------
-def _config(model: Path, kv_dir: Path, policy: str, perf: Any = None) -> Any:
+def _config(model: Path, kv_dir: Path, policy: str, perf: Any = None, start_nice: int | None = START_NICE) -> Any:
     from rollplan.executor.config import EngineConfig, ExecutorConfig, KVConnectorConfig
 
     return ExecutorConfig(
-        engine=EngineConfig(model=str(model), connector=KVConnectorConfig(kind="example", storage_path=str(kv_dir))),
-        slot_resource=SLOT, lend_resource=LEND, replan_interval=2.0, planner_time_limit=0.5,
-        keep_lent_engines=True, policy=policy, perf=perf,
+        engine=EngineConfig(model=str(model), connector=KVConnectorConfig(kind="example", storage_path=str(kv_dir)),
+                            start_nice=start_nice),
+        slot_resource=SLOT, lend_resource=LEND, replan_interval=2.0, planner_backend=PLANNER[0],
+        planner_time_limit=PLANNER[1], keep_lent_engines=True, policy=policy, perf=perf,
     )
 
 
@@ -172,15 +187,16 @@ async def _profile(ex: Any, batches: Sequence[int], n_dec: int = 32) -> list[dic
     """Step timings with every serving engine busy at once (they share this machine's cores, as in the
     rollout): decode steps over ``batches`` (a batch's ``n_dec`` tokens over its duration, past its prefill),
     and prefill steps (``EngineActor.time_mixed_steps``: groups of 48-token prompts beside one running decode,
-    one step each, as ``rollplan bench executor`` times them); a request's latency would add the Ray round
-    trip and the request's own handling, which the engines do not spend per step."""
+    one step each, as ``rollplan bench executor`` times them; a request's latency would add the Ray round
+    trip and the request's own handling, which the engines do not spend per step), and that per-request
+    overhead itself (``request`` records: a call's latency at the driver minus its seconds in the actor)."""
     from rollplan.executor.bench import probe_steps, step_records
 
     engines = [s.engine for s in ex.ctl.slots.values() if s.engine is not None and s.engine.serving]
     recs: list[dict] = []
     for bsz in batches:
         per: list[float] = []
-        for trial in range(2):
+        for trial in range(3):
             prompts = [[(trial * 131 + bsz * 31 + j * 17 + k) % 990 + 8 for k in range(48)] for j in range(bsz)]
             calls = [e.actor.generate_many.remote([[p[0] + 1 + i, *p[1:]] for p in prompts], {"max_tokens": 1})
                      for i, e in enumerate(engines)]
@@ -197,10 +213,35 @@ async def _profile(ex: Any, batches: Sequence[int], n_dec: int = 32) -> list[dic
     res = await asyncio.gather(*(e.actor.time_mixed_steps.remote(c, groups) for e, c in zip(engines, clocks, strict=True)))
     rows = [row for r in res for row in probe_steps(r, 48, phase="prefill") if row["phase"] == "prefill"]
     recs += [r for r in step_records(rows)[0] if r["phase"] == "prefill"]
+    async def overheads(e: Any, tag: int) -> list[float]:
+        out = []
+        for i in range(8):
+            t = time.perf_counter()
+            r = await e.actor.generate.remote(f"fid-req-{tag}-{i}", [rng.randrange(8, 1000) for _ in range(8)],
+                                              {"max_tokens": 1})
+            out.append(max(0.0, time.perf_counter() - t - r["seconds"]))
+        return out
+
+    for xs in await asyncio.gather(*(overheads(e, i) for i, e in enumerate(engines))):
+        recs += [{"phase": "request", "seconds": x} for x in xs]
     info = await engines[0].actor.info.remote()
     if info.get("kv_capacity_tokens"):
         recs.append({"phase": "kv_capacity", "tokens": info["kv_capacity_tokens"]})
     return recs
+
+
+async def _steps_until(engine: Any, ready: asyncio.Event | None, *, rounds: int = 0, batch: int = 16,
+                       tokens: int = 24) -> list[float]:
+    """Decode step times (s) of ``engine``: ``batch`` greedy sequences of ``tokens`` tokens per round, the step
+    = the round's time over its tokens; rounds until ``ready`` is set (or ``rounds`` of them)."""
+    out: list[float] = []
+    i = 0
+    while (ready is not None and not ready.is_set()) or (ready is None and i < rounds):
+        prompts = [[(i * 53 + j * 29 + k) % 990 + 8 for k in range(32)] for j in range(batch)]
+        r = await engine.actor.generate_many.remote(prompts, {"max_tokens": tokens, "ignore_eos": True})
+        out.append(r["seconds"] / tokens)
+        i += 1
+    return out
 
 
 async def _real(policy: str, work: Sequence[FidelityTrajectory], script: Script, model: Path, tmp: Path,
@@ -217,7 +258,7 @@ async def _real(policy: str, work: Sequence[FidelityTrajectory], script: Script,
         nodes = {n: cluster.add_node(num_cpus=0, resources={SLOT: 1}) for n in ("a", "b", "c")}
         cluster.add_node(num_cpus=0, resources={LEND: 1})
         ray.init(address=cluster.address, log_to_driver=False)
-        ex = RolloutExecutor(_config(model, tmp / f"kv-{policy}", policy, perf))
+        ex = RolloutExecutor(_config(model, Path(tempfile.mkdtemp(prefix=f"kv-{policy}-", dir=tmp)), policy, perf))
         await ex.start()
         control = ClusterNodes(cluster, {SLOT: 1})
         node_map = {n: control.adopt(node) for n, node in nodes.items()}
@@ -229,8 +270,19 @@ async def _real(policy: str, work: Sequence[FidelityTrajectory], script: Script,
         trace_of = {}
         for n, rid in node_map.items():
             trace_of.update({sid: f"{n}/g0" for sid in ex.slots_on_node(rid)})
-        starts = await ex.warm_up([*ordered, *lendable])
+        starts = await ex.warm_up(ordered)
+        # The lent slot's engine starts alone, while one serving engine decodes: its steps during the start
+        # against its steps after it measure what a start costs the engines beside it (start_interference).
+        handle = ex.ctl.start_engine(ex.ctl.slots[lendable[0]])
+        probe = next(s.engine for s in ex.ctl.slots.values() if s.engine is not None and s.engine.serving)
+        during = await _steps_until(probe, handle.ready)
+        starts.update({handle.slot: float(handle.start_seconds or 0.0)})
+        after = await _steps_until(probe, None, rounds=len(during) // 2 + 3)
+        ex.ctl.slots[lendable[0]].role = Role.MIXED
         records: list[dict] = [{"phase": "engine_start", "seconds": v} for v in starts.values()]
+        if during and after:
+            records.append({"phase": "start_interference", "during_s": statistics.median(during),
+                            "after_s": statistics.median(after), "samples": len(during)})
         if profile_batches:
             log("profiling the engines")
             records += await _profile(ex, profile_batches)
@@ -240,7 +292,13 @@ async def _real(policy: str, work: Sequence[FidelityTrajectory], script: Script,
         replay = asyncio.create_task(replay_availability(ex, script.events(), nodes=control, node_map=node_map))
         results = await ex.rollout([w.item() for w in work], WorkloadEnv)
         wall = ex.now() - t0
-        applied = await replay
+        if replay.done():
+            applied = replay.result()
+        else:  # events after the rollout's end change nothing it measured
+            replay.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await replay
+            applied = ["(the script's events after the rollout's end were not applied)"]
         stats = ex.stats()
         return {
             "rollout_s": wall,
@@ -250,12 +308,19 @@ async def _real(policy: str, work: Sequence[FidelityTrajectory], script: Script,
             "tool_s": {r.id: sum(t.tool_seconds for t in r.turns) for r in results},
             "done": sum(1 for r in results if r.ok),
             "tokens": sum(r.generated_tokens for r in results),
-            "replans": stats["replans"],
+            "replans": stats["replans"], "mean_plan_s": stats["mean_plan_seconds"],
             "actions": stats["actions"],
             "events": applied,
             "engine_start_s": sorted(starts.values()),
             "profile": records,
             "slots": trace_of,
+            "slowest": [{"id": r.id, "turns": [{"started_s": round(t.started - t0, 3),
+                                                "generate_s": round(t.generate_seconds, 3),
+                                                "tool_s": round(t.tool_seconds, 3), "engines": list(t.engines),
+                                                "interruptions": t.interruptions} for t in r.turns]}
+                        for r in sorted(results, key=lambda r: r.finished)[-3:]],
+            "controller_events": [(round(t - t0, 3), what, list(ids)) for t, what, ids in ex.ctl.stats.events
+                                  if t >= t0],
         }
     finally:
         if ex is not None:
@@ -292,13 +357,15 @@ class _OneBatch:
 
 
 def simulate(policy: str, work: Sequence[FidelityTrajectory], script: Script, provider: Any,
-             config: Any) -> dict[str, Any]:
+             config: Any, *, turn_overhead_s: float = 0.0, start_interference: float = 0.0) -> dict[str, Any]:
     """The simulator's run of ``work`` under ``policy`` and ``script`` on ``provider``'s model, with the
-    executor ``config``'s planner settings, re-plan interval and engine limits."""
+    executor ``config``'s planner settings, re-plan interval and engine limits (``turn_overhead_s``: see
+    ``FidelityTrajectory.sim``)."""
     from rollplan.sim.engine import FastPerf, SimConfig, Simulator
     from rollplan.sim.policies import make_policy
 
-    sim_cfg = SimConfig(max_num_seqs=config.engine.max_num_seqs, role_switch_s=config.role_switch_seconds)
+    sim_cfg = SimConfig(max_num_seqs=config.engine.max_num_seqs, role_switch_s=config.role_switch_seconds,
+                        start_interference=start_interference)
     cache: dict[tuple[str, int], Any] = {}
 
     def perf_for(gpu: str, tp: int) -> Any:
@@ -320,7 +387,7 @@ def simulate(policy: str, work: Sequence[FidelityTrajectory], script: Script, pr
     dedicated = tuple(Slot(f"{n}/g0", "cpu", n, source=SlotSource.DEDICATED, engine=EngineState.WARM)
                       for n in ("a", "b", "c"))
     sim = Simulator(model=config.model_name, perf_for=perf_for, policy=pol,
-                    driver=_OneBatch([w.sim() for w in work]), availability=script.events(),
+                    driver=_OneBatch([w.sim(turn_overhead_s) for w in work]), availability=script.events(),
                     dedicated=dedicated, config=sim_cfg, replan_interval_s=config.replan_interval)
     t = time.perf_counter()
     sim.run()
@@ -336,15 +403,64 @@ def _errors(real: dict[str, float], sim: dict[str, float]) -> dict[str, float | 
     return {"median": statistics.median(errs), "p90": errs[min(len(errs) - 1, int(0.9 * len(errs)))]}
 
 
+def calibrate(records: Sequence[dict], path: Path) -> tuple[Any, float, dict[str, float]]:
+    """The simulator's CPU model from one run's profile (``_profile``): ``(provider, turn overhead, summary)``.
+
+    Decode steps, engine starts and the KV capacity as ``rollplan.executor.perf.from_profile_records`` fits
+    them. Prefill: the profiled prefill steps ran beside one decode, so each is a mixed step; its cost over
+    that decode step is the prompts' per-token cost (least squares through the origin), and the calibration's
+    per-prompt intercept is 0: in the rollout a prompt is prefilled inside a step whose fixed cost its decodes
+    already pay (``MeasuredPerfModel.step_time``), and the simulator prices each prompt's prefill on its own,
+    so an intercept would be charged once per prompt instead of once per step. The turn overhead is the median
+    ``request`` record (``FidelityTrajectory.sim``)."""
+    from rollplan.executor.perf import MeasuredPerfModel, from_profile_records, measured_provider
+    from rollplan.models import gpu_kind, model_spec
+
+    base = from_profile_records(records, MeasuredPerfModel(gpu_kind("cpu"), model_spec("tiny")))
+    pts = [(float(sum(r["prompt_tokens"])), float(r["seconds"]) - base.decode_step_time(1, 48.0))
+           for r in records if r.get("phase") == "prefill"]
+    sxx = sum(x * x for x, _ in pts)
+    per_token = max(0.0, sum(x * y for x, y in pts) / sxx) if sxx > 0 else base.prefill_per_token
+    provider = measured_provider("tiny", profile=_write(path, records), prefill_fixed=0.0,
+                                 prefill_per_token=per_token)
+    req = [float(r["seconds"]) for r in records if r.get("phase") == "request"]
+    overhead = statistics.median(req) if req else 0.0
+    inter = [max(0.0, r["during_s"] / r["after_s"] - 1.0) for r in records
+             if r.get("phase") == "start_interference" and r.get("after_s")]
+    fitted = provider("cpu", 1)
+    summary = {k: getattr(fitted, k) for k in ("decode_a", "decode_c", "prefill_fixed", "prefill_per_token",
+                                                "engine_start", "kv_cache_bytes")}
+    summary |= {"turn_overhead_s": overhead, "start_interference": inter[0] if inter else 0.0}
+    return provider, overhead, summary
+
+
+def _same_order(real: dict[str, float], sim: dict[str, float], tie: float) -> bool:
+    """Real and simulated rollout times order every pair of policies the same way, a pair whose real times
+    differ by less than ``tie`` (relative) counting as a tie either way can take."""
+    names = list(real)
+    for i, p in enumerate(names):
+        for q in names[i + 1:]:
+            if abs(real[p] - real[q]) < tie * min(real[p], real[q]):
+                continue
+            if (real[p] < real[q]) != (sim[p] < sim[q]):
+                return False
+    return True
+
+
+RANK_TIE = 0.03
+"""Real rollout times within 3% of each other rank as a tie: the same seed and policy repeated on this machine
+gave rollout times 2-3% apart (docs/simulator.md, "Fidelity"), so a smaller real difference is not an order."""
+
+
 def run_fidelity(
     *, seeds: Sequence[int] = (0,), policies: Sequence[str] = FIDELITY_POLICIES, data_dir: str | Path,
     groups: int = 24, group_size: int = 4, tool_scale: float = DEFAULT_TOOL_SCALE, script: Script = Script(),
-    profile_batches: Sequence[int] = (1, 8, 32, 64), log: Callable[[str], None] = lambda m: None,
+    profile_batches: Sequence[int] = (1, 4, 16, 32, 64), log: Callable[[str], None] = lambda m: None,
 ) -> dict[str, Any]:
-    """The bench (module docstring). Returns one JSON-ready dict."""
-    from rollplan.executor.perf import measured_provider
-    from rollplan.executor.tiny_model import build_tiny_model
-
+    """The bench (module docstring). Every real run profiles its own engines before its rollout and its
+    simulation runs on that calibration (``calibrate``); the real run's planner uses the previous run's
+    calibration (the first one: ``MeasuredPerfModel``'s defaults, measured on this kind of machine). Returns
+    one JSON-ready dict."""
     for p in policies:
         if p not in FIDELITY_POLICIES:
             from rollplan.models.errors import UnknownNameError
@@ -352,14 +468,15 @@ def run_fidelity(
             raise UnknownNameError("fidelity policy", p, FIDELITY_POLICIES)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from rollplan.executor.tiny_model import build_tiny_model
+
     durations = tool_durations(data_dir)
     t_bench = time.perf_counter()
     runs: list[dict[str, Any]] = []
-    profile: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="rollplan-fidelity-") as tmpd:
         tmp = Path(tmpd)
         model = build_tiny_model(tmp / "model", seed=0)
-        provider = measured_provider("tiny")
+        planner_perf: Any = None
         for seed in seeds:
             work = build_workload(seed, groups=groups, group_size=group_size, durations=durations,
                                   tool_scale=tool_scale)
@@ -367,19 +484,22 @@ def run_fidelity(
                                    "decode_tokens": sum(w.decode * w.turns for w in work), "policies": {}}
             for policy in policies:
                 log(f"seed {seed}: {policy} on the real engines")
-                real = await_run(_real(policy, work, script, model, tmp, None if not profile else provider,
-                                       None if profile else profile_batches, log))
-                if not profile:
-                    profile = real["profile"]
-                    provider = measured_provider("tiny", profile=_write(tmp / "profile.jsonl", profile))
-                sim = simulate(policy, work, script, provider, _config(model, tmp, policy))
+                real = await_run(_real(policy, work, script, model, tmp, planner_perf, profile_batches, log))
+                provider, overhead, cal = calibrate(real["profile"], tmp / f"profile-{seed}-{policy}.jsonl")
+                planner_perf = provider
+                sim = simulate(policy, work, script, provider, _config(model, tmp, policy),
+                               turn_overhead_s=overhead, start_interference=cal["start_interference"])
                 err = (sim["rollout_s"] - real["rollout_s"]) / real["rollout_s"]
                 row["policies"][policy] = {
                     "real_rollout_s": real["rollout_s"], "sim_rollout_s": sim["rollout_s"], "error": err,
                     "completion_error": _errors(real["completion_s"], sim["completion_s"]),
+                    "calibration": cal,
                     "real_done": real["done"], "real_tokens": real["tokens"], "replans": real["replans"],
+                    "mean_plan_s": real["mean_plan_s"],
                     "actions": {k: v["count"] for k, v in real["actions"].items()}, "events": real["events"],
-                    "sim_wall_s": sim["wall_s"],
+                    "sim_wall_s": sim["wall_s"], "slowest": real["slowest"],
+                    "controller_events": real["controller_events"], "slot_names": real["slots"],
+                    "profile": real["profile"],
                     "trajectories": {k: {"real_s": round(v, 3), "sim_s": round(sim["completion_s"].get(k, math.nan), 3),
                                          "real_start_s": round(real["start_s"][k], 3),
                                          "real_generate_s": round(real["generate_s"][k], 3),
@@ -387,24 +507,25 @@ def run_fidelity(
                                      for k, v in real["completion_s"].items()},
                 }
             ps = row["policies"]
-            real_rank = sorted(ps, key=lambda p: ps[p]["real_rollout_s"])
-            sim_rank = sorted(ps, key=lambda p: ps[p]["sim_rollout_s"])
-            row["ranking"] = {"real": real_rank, "sim": sim_rank, "same": real_rank == sim_rank}
+            real_t = {p: ps[p]["real_rollout_s"] for p in ps}
+            sim_t = {p: ps[p]["sim_rollout_s"] for p in ps}
+            row["ranking"] = {"real": sorted(ps, key=real_t.__getitem__), "sim": sorted(ps, key=sim_t.__getitem__),
+                              "same": _same_order(real_t, sim_t, 0.0), "same_within_ties": _same_order(real_t, sim_t, RANK_TIE)}
             runs.append(row)
-    fitted = provider("cpu", 1)
     per_policy: dict[str, Any] = {}
     for p in policies:
         errs = [abs(r["policies"][p]["error"]) for r in runs]
         per_policy[p] = {"error_max": max(errs), "error_median": statistics.median(errs),
                          "real_rollout_s": [r["policies"][p]["real_rollout_s"] for r in runs],
-                         "sim_rollout_s": [r["policies"][p]["sim_rollout_s"] for r in runs]}
+                         "sim_rollout_s": [r["policies"][p]["sim_rollout_s"] for r in runs],
+                         "completion_error_median": [r["policies"][p]["completion_error"]["median"] for r in runs]}
     return {
         "seeds": list(seeds), "policies": per_policy, "runs": runs,
         "ranking_preserved": all(r["ranking"]["same"] for r in runs),
+        "ranking_preserved_within_ties": all(r["ranking"]["same_within_ties"] for r in runs), "rank_tie": RANK_TIE,
         "within_15pct": all(v["error_max"] <= 0.15 for v in per_policy.values()),
-        "calibration": {k: getattr(fitted, k) for k in ("decode_a", "decode_c", "prefill_fixed",
-                                                        "prefill_per_token", "engine_start", "kv_cache_bytes")},
         "tool_scale": tool_scale, "script": {k: getattr(script, k) for k in script.__slots__},
+        "start_nice": START_NICE, "planner": {"backend": PLANNER[0], "time_limit": PLANNER[1]},
         "bench_seconds": time.perf_counter() - t_bench,
     }
 

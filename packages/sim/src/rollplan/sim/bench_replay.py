@@ -570,19 +570,82 @@ def run_spec_compare(
     traces: tuple[str, ...] | None = None,
     seed: int = 0,
     jobs: int = 1,
+    window_h: float | None = None,
     on_trace: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Every bench trace replayed twice per policy, without and with grouped speculative decoding on every
-    slot (``SimConfig.spec_*``; the same workload, trace and seed). Per trace and policy: throughput (decode
-    tokens/s over the replay), mean rollout seconds per batch and the last-10% share (mean over batches) off /
-    on, and the on/off ratios of throughput and rollout time. Every policy runs on the
-    same speculative engines (none of them places by group yet: that is the planner's part of issue 17)."""
+    slot (``SimConfig.spec_*``; the same workload, trace and seed): ``run_lever_compare``'s rows. The rollplan
+    policy's planner then prices decode with speculation (docs/seer.md)."""
+    SimConfig(spec_tokens=spec_tokens, spec_acceptance=spec_acceptance, spec_base_acceptance=spec_base_acceptance)
+    doc = run_lever_compare(data_dir, {"spec_tokens": spec_tokens, "spec_acceptance": spec_acceptance,
+                                       "spec_base_acceptance": spec_base_acceptance},
+                            traces=traces, seed=seed, jobs=jobs, window_h=window_h, on_trace=on_trace)
+    return {
+        "benchmark": "replay-speculation",
+        "speculation": {"tokens": spec_tokens, "acceptance": spec_acceptance, "base_acceptance": spec_base_acceptance,
+                        "model": "per group: base + (acceptance - base) * finished siblings / (samples - 1)"},
+        **doc,
+    }
+
+
+def run_divide_compare(
+    data_dir: str | Path,
+    *,
+    divide_tokens: int,
+    traces: tuple[str, ...] | None = None,
+    seed: int = 0,
+    jobs: int = 1,
+    window_h: float | None = None,
+    on_trace: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every bench trace replayed twice per policy, without and with divided rollout (``SimConfig.divide_tokens``:
+    a segment runs at most ``divide_tokens`` decode tokens on a slot, then the policy's ``chunk_move`` keeps it
+    there or moves it): ``run_lever_compare``'s rows, plus per policy the chunks and moves (by KV transfer, by
+    re-prefill) of the run with division."""
+    SimConfig(divide_tokens=divide_tokens)
+    doc = run_lever_compare(data_dir, {"divide_tokens": divide_tokens}, traces=traces, seed=seed, jobs=jobs,
+                            window_h=window_h, on_trace=on_trace,
+                            extra=("chunks", "chunk_moves_kv", "chunk_moves_reprefill"))
+    return {"benchmark": "replay-divided-rollout", "divided_rollout": {"divide_tokens": divide_tokens}, **doc}
+
+
+def common_rollout_s(summaries: dict[str, dict[str, Any]]) -> tuple[list[int], dict[str, float | None]]:
+    """The batches every run in ``summaries`` (name -> ``summarize`` output) completed, and each run's mean
+    rollout seconds over them (None when there are none). Runs of one scenario compared by their own means are
+    judged on different batches whenever one completes more of them in the window."""
+    per = {name: {b["index"]: b["rollout_s"] for b in s.get("batches", ()) if b.get("rollout_s") is not None}
+           for name, s in summaries.items()}
+    common = sorted(set.intersection(*(set(v) for v in per.values()))) if per else []
+    return common, {name: (round(sum(v[i] for i in common) / len(common), 3) if common else None)
+                    for name, v in per.items()}
+
+
+def run_lever_compare(
+    data_dir: str | Path,
+    on: dict[str, Any],
+    *,
+    traces: tuple[str, ...] | None = None,
+    seed: int = 0,
+    jobs: int = 1,
+    window_h: float | None = None,
+    on_trace: Callable[[str], None] | None = None,
+    extra: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Every bench trace (``bench_scenario``) replayed by every policy twice: as the bench does and with the
+    ``SimConfig`` fields ``on`` (the same workload, trace and seed). ``window_h``: each trace cut to its first
+    ``window_h`` hours (shorter traces whole; as ``--matrix --window-h``). Per trace and policy: throughput
+    (decode tokens/s over the window), mean rollout seconds per batch, the last-10% share (mean over that
+    policy's completed batches) and batches completed, off / on, and the on/off ratios of throughput and rollout
+    time; ``extra``: those recorder counters of the run with ``on``. Also the mean rollout seconds and last-10%
+    shares on the batches both runs of a policy completed (``rollout_s_common_off`` / ``_on``,
+    ``tail_share_common_off`` / ``_on``); ``rollout_ratio`` is the ratio of those common means
+    (``common_rollout_s``)."""
+    check_window_h(window_h)
     d = Path(data_dir)
     missing = [f for f in SWEBENCH_FILES if not (d / f).is_file()]
     if missing:
         raise UserInputError(f"the benchmark needs {', '.join(missing)} in {d}",
                              fix="pass --data DIR (the shared data folder, ../shared/data)")
-    SimConfig(spec_tokens=spec_tokens, spec_acceptance=spec_acceptance, spec_base_acceptance=spec_base_acceptance)
     bases = swebench_bases(d)
     names = traces or tuple(t[0] for t in BENCH_TRACES)
     rows = []
@@ -591,29 +654,44 @@ def run_spec_compare(
         if on_trace is not None:
             on_trace(name)
         off = bench_scenario(d, name, bases=bases, seed=seed)
-        on = replace(off, sim=replace(off.sim, spec_tokens=spec_tokens, spec_acceptance=spec_acceptance,
-                                      spec_base_acceptance=spec_base_acceptance))
+        if window_h is not None and off.trace is not None and window_h * 3600.0 < off.trace.duration_s:
+            off = replace(off, duration_s=window_h * 3600.0)
+        with_on = replace(off, sim=replace(off.sim, **on))
         order = list(POLICY_NAMES) if jobs == 1 else sorted(POLICY_NAMES, key=LONGEST_FIRST.index)
         t0 = time.perf_counter()
-        res = {k: run_replay(sc, [make_policy(p) for p in order], jobs=jobs) for k, sc in (("off", off), ("on", on))}
+        res = {k: run_replay(sc, [make_policy(p) for p in order], jobs=jobs) for k, sc in (("off", off), ("on", with_on))}
         policies: dict[str, Any] = {}
         for p in POLICY_NAMES:
             row: dict[str, Any] = {}
-            for k, r in res.items():
-                summ = next(x.summary for x in r.runs if x.name == p)
-                row[f"throughput_{k}"] = summ.get("throughput_tokens_per_s")
-                row[f"tail_share_{k}"] = (summ.get("tail_share") or {}).get("mean")
-                row[f"rollout_s_{k}"] = (summ.get("rollout_s") or {}).get("mean")
+            summ = {k: next(x.summary for x in r.runs if x.name == p) for k, r in res.items()}
+            for k, sm in summ.items():
+                row[f"throughput_{k}"] = sm.get("throughput_tokens_per_s")
+                row[f"tail_share_{k}"] = (sm.get("tail_share") or {}).get("mean")
+                row[f"rollout_s_{k}"] = (sm.get("rollout_s") or {}).get("mean")
+                row[f"batches_{k}"] = sm.get("batches_completed")
+            common = common_tail_shares(summ)
+            for k in summ:
+                row[f"tail_share_common_{k}"] = common["mean"].get(k)
+            row["tail_share_common_batches"] = len(common["batches"])
             a, b = row["throughput_off"], row["throughput_on"]
             row["throughput_ratio"] = round(b / a, 4) if a and b else None
-            a, b = row["rollout_s_off"], row["rollout_s_on"]
-            row["rollout_ratio"] = round(b / a, 4) if a and b else None  # < 1: speculation shortened batches
+            # The ratio on the batches both runs completed: a run that completes one more batch in the window
+            # would otherwise be judged on a different set (its extra batch may be long or short).
+            idx, means = common_rollout_s(summ)
+            for k in summ:
+                row[f"rollout_s_common_{k}"] = means.get(k)
+            row["rollout_common_batches"] = len(idx)
+            a, b = means.get("off"), means.get("on")
+            row["rollout_ratio"] = round(b / a, 4) if a and b else None  # < 1: the lever shortened batches
+            for c in extra:
+                row[c] = summ["on"].get("counters", {}).get(c, 0)
             policies[p] = row
-        rows.append({"trace": name, "policies": policies, "wall_s": round(time.perf_counter() - t0, 2)})
+        rows.append({"trace": name, "window_s": round(off.end_time, 1), "policies": policies,
+                     "wall_s": round(time.perf_counter() - t0, 2)})
     return {
-        "benchmark": "replay-speculation",
-        "speculation": {"tokens": spec_tokens, "acceptance": spec_acceptance, "base_acceptance": spec_base_acceptance,
-                        "model": "per group: base + (acceptance - base) * finished siblings / (samples - 1)"},
+        "window": {"window_h": window_h,
+                   "rule": "each trace replayed whole" if window_h is None else
+                           f"each trace cut to its first {window_h:g} h (shorter traces whole)"},
         "traces": rows,
         "wall_s": round(time.perf_counter() - t_all, 2),
     }

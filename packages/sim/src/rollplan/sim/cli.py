@@ -26,6 +26,9 @@ DispersionOption = Annotated[float | None, typer.Option(
     "--dispersion", help="Within-group lognormal sigma of the samples' lengths (0: identical samples; default 0.15).")]
 FirstEpochOption = Annotated[bool, typer.Option(
     "--first-epoch", help="Prompts never seen before: no batch's prompts are in the policies' length history.")]
+DivideOption = Annotated[int, typer.Option(
+    "--divide-tokens", help="Divided rollout (Seer): a trajectory goes back to the dispatcher every N decode tokens "
+                            "and may move (KV transfer or re-prefill, priced); 0: off (docs/seer.md).")]
 
 
 PerfOption = Annotated[str, typer.Option(
@@ -207,6 +210,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             "--spec-acceptance", help="Acceptance once all of a group's siblings finished (rises linearly with them).")] = 0.7,
         spec_base_acceptance: Annotated[float, typer.Option(
             "--spec-base-acceptance", help="Acceptance before any sibling finished (own-context drafts).")] = 0.0,
+        divide_tokens: DivideOption = 0,
     ) -> None:
         """Replay an availability trace with a workload under the policies; report and plots in --out."""
         from rollplan.models.specs import gpu_kind, model_spec
@@ -221,7 +225,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         gpu_kind(gpu)
         sim_cfg = SimConfig(fold_tool_s=fold_tool_s, tool_kv=tool_kv, share_prompt=share_prompt,
                             spec_tokens=spec_tokens, spec_acceptance=spec_acceptance,
-                            spec_base_acceptance=spec_base_acceptance)
+                            spec_base_acceptance=spec_base_acceptance, divide_tokens=divide_tokens)
         if mode not in ("sync", "async"):
             raise UserInputError(f"unknown mode {mode!r}", fix="use --mode sync or --mode async")
         if trace_format not in TRACE_FORMATS:
@@ -328,14 +332,17 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         first_epoch: FirstEpochOption = False,
         matrix: Annotated[bool, typer.Option("--matrix", help="Every trace x {sync, async} x {128x16-history, "
                                              "32x8-no-history, dispersion-0.6}: the JSON's 'matrix' (docs/simulator.md).")] = False,
-        window_h: Annotated[float | None, typer.Option("--window-h", help="With --matrix: cut each trace to its first "
-                                                       "H hours (default: whole traces).")] = None,
+        window_h: Annotated[float | None, typer.Option("--window-h", help="With --matrix, --spec-tokens or "
+                                                       "--divide-tokens: cut each trace to its first H hours "
+                                                       "(default: whole traces).")] = None,
         spec_tokens: Annotated[int, typer.Option("--spec-tokens", help="> 0: replay every trace without and with "
                                                  "grouped speculative decoding (draft length k; docs/seer.md).")] = 0,
         spec_acceptance: Annotated[float, typer.Option("--spec-acceptance", help="With --spec-tokens: acceptance "
                                                        "once a group's siblings all finished.")] = 0.7,
         spec_base_acceptance: Annotated[float, typer.Option("--spec-base-acceptance", help="With --spec-tokens: "
                                                             "acceptance before any sibling finished.")] = 0.0,
+        divide_tokens: Annotated[int, typer.Option("--divide-tokens", help="> 0: replay every trace without and with "
+                                                   "divided rollout (chunks of N decode tokens; docs/seer.md).")] = 0,
     ) -> None:
         """The replay benchmark on every shared trace: throughput ratios, last-10% shares, p3 replay wall time."""
         from rollplan.sim.bench_replay import BENCH_TRACES, default_jobs, run_bench
@@ -350,12 +357,21 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             raise UserInputError(f"unknown mode {mode!r}", fix="use --mode sync or --mode async")
         if matrix:
             clash = [f for f, on in (("--mode", mode is not None), ("--dispersion", dispersion is not None),
-                                     ("--first-epoch", first_epoch), ("--spec-tokens", spec_tokens != 0)) if on]
+                                     ("--first-epoch", first_epoch), ("--spec-tokens", spec_tokens != 0),
+                                     ("--divide-tokens", divide_tokens != 0)) if on]
             if clash:
                 raise UserInputError(f"--matrix sets the mode and workload of each cell itself; got {', '.join(clash)}",
                                      fix=f"drop {', '.join(clash)} (or run without --matrix)")
-        elif window_h is not None:
-            raise UserInputError("--window-h cuts the windows of the matrix only", fix="add --matrix, or drop --window-h")
+        elif window_h is not None and not (spec_tokens or divide_tokens):
+            raise UserInputError("--window-h cuts the windows of --matrix, --spec-tokens or --divide-tokens only",
+                                 fix="add one of them, or drop --window-h")
+        if spec_tokens and divide_tokens:
+            raise UserInputError("--spec-tokens and --divide-tokens each compare one lever on / off",
+                                 fix="run them one at a time")
+        if divide_tokens:
+            from rollplan.sim.engine import SimConfig
+
+            SimConfig(divide_tokens=divide_tokens)  # a bad value is a one-line error before any replay
         mode = mode or "sync"
         if dispersion is not None:
             from rollplan.sim.workload import check_dispersion
@@ -370,13 +386,26 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             _bench_matrix(data, names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv,
                           share_prompt=share_prompt, per_batch=per_batch, window_h=window_h, as_json=as_json)
             return
+        if window_h is not None:
+            from rollplan.sim.bench_replay import check_window_h
+
+            check_window_h(window_h)
         if spec_tokens:
             from rollplan.sim.bench_replay import run_spec_compare
 
             print(json.dumps(run_spec_compare(
                 data, spec_tokens=spec_tokens, spec_acceptance=spec_acceptance, spec_base_acceptance=spec_base_acceptance,
-                traces=names, seed=seed, jobs=jobs or default_jobs(),
+                traces=names, seed=seed, jobs=jobs or default_jobs(), window_h=window_h,
                 on_trace=None if as_json else (lambda n: print(f"replaying {n} with and without speculation ...",
+                                                               file=sys.stderr))), indent=1))
+            return
+        if divide_tokens:
+            from rollplan.sim.bench_replay import run_divide_compare
+
+            print(json.dumps(run_divide_compare(
+                data, divide_tokens=divide_tokens, traces=names, seed=seed, jobs=jobs or default_jobs(),
+                window_h=window_h,
+                on_trace=None if as_json else (lambda n: print(f"replaying {n} with and without divided rollout ...",
                                                                file=sys.stderr))), indent=1))
             return
         doc = run_bench(data, traces=names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv, share_prompt=share_prompt,

@@ -91,6 +91,9 @@ class NoProgressError(UserInputError):
 
 
 TOOL_KV_MODES = ("pinned", "evictable", "offload")
+MIN_DIVIDE_TOKENS = 64
+"""The shortest chunk ``SimConfig.divide_tokens`` accepts: every chunk is a dispatch decision and two events, so
+a chunk of a few tokens would step long decodes token by token (Seer's chunks are thousands of tokens)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,17 @@ class SimConfig:
     ``spec_adaptive`` (default): each slot drafts the length in 0..k that is fastest per token for its batch
     and acceptance now (vLLM's dynamic speculative decoding takes a draft length per batch-size range), so large
     compute-bound batches stop drafting and the small batches of the tail draft the most; off: always k.
+    ``divide_tokens`` (N > 0: on; Seer's divided rollout, docs/seer.md): a segment (planned as without division:
+    the same folding, the same KV reserved) decodes at most N tokens on its slot, then the trajectory is back at
+    the dispatcher with its KV still at home: the policy (``chunk_move``) lets it continue there at no cost or
+    moves it, by KV transfer (``migrate``'s pricing and path; the engine may evict tool-call KV to take it in,
+    as for a new request) or by re-prefill of its context on the new slot. Tool seconds of folded turns it
+    finished in the chunk are owed and waited at the end of its next whole segment (exact in total; folding
+    moves short waits too). 0 (default): no division, every replay unchanged.
+    ``start_interference`` (x >= 0; default 0): while any engine cold-starts, every serving slot's step time is
+    ``(1 + x)`` times its own: engines that share one host's CPU cores (the executor's CPU test bed, where a
+    start's imports and build take CPU from the serving engines; ``rollplan bench fidelity`` measures x). 0: the
+    slots are separate GPU nodes, whose starts do not slow each other.
     """
 
     fold_tool_s: float = 30.0
@@ -135,6 +149,8 @@ class SimConfig:
     spec_acceptance: float = 0.0
     spec_base_acceptance: float = 0.0
     spec_adaptive: bool = True
+    divide_tokens: int = 0
+    start_interference: float = 0.0
 
     def __post_init__(self) -> None:
         if self.tool_kv not in TOOL_KV_MODES:
@@ -147,6 +163,15 @@ class SimConfig:
             if not (isinstance(v, int | float) and 0.0 <= v <= 1.0):
                 raise SchemaError(f"--{name.replace('_', '-')}", f"must be in [0, 1], got {v!r}",
                                   fix="pass the fraction of drafted tokens accepted, e.g. --spec-acceptance 0.7")
+        x = self.start_interference
+        if isinstance(x, bool) or not isinstance(x, int | float) or not (0.0 <= x < math.inf):
+            raise SchemaError("start_interference", f"must be a number >= 0, got {x!r}",
+                              fix="pass the serving engines' step-time stretch during a start, e.g. 0.3 (0: none)")
+        d = self.divide_tokens
+        if isinstance(d, bool) or not isinstance(d, int) or (d != 0 and d < MIN_DIVIDE_TOKENS):
+            raise SchemaError("--divide-tokens", f"must be 0 (off) or an integer >= {MIN_DIVIDE_TOKENS}, got {d!r}",
+                              fix="pass the chunk length in decode tokens, e.g. --divide-tokens 2048, or 0 for no "
+                                  "division")
 
 
 @dataclass(frozen=True, slots=True)
@@ -630,6 +655,9 @@ class TrajState:
         "owed_tool",
         "pf",
         "pf_done",
+        "pf_owed",
+        "pf_owed_tok",
+        "pf_rec",
         "pf_secs",
         "pf_seq",
         "pf_start",
@@ -650,6 +678,7 @@ class TrajState:
         "seg_rho",
         "seg_rrho",
         "seg_rtok",
+        "seg_run",
         "seg_t0",
         "sh",
         "share",
@@ -690,6 +719,9 @@ class TrajState:
         self.seg_D = self.seg_V0 = self.seg_kv = self.seg_rho = self.seg_W = 0.0
         self.seg_ctx0 = self.seg_ctx_end = 0
         self.seg_dec0 = 0.0
+        self.seg_run = 0.0  # decode steps the segment runs on its slot: seg_D, or the chunk when divided
+        self.pf_owed = self.pf_owed_tok = 0.0  # first-prefill seconds / tokens a cut chunk left to pay (divided)
+        self.pf_rec = -1  # divided: the folded later turns up to this one have their prefill tokens recorded
         self.owed_tool = 0.0
         self.move_ready = 0.0
         self.preferred = -1
@@ -826,9 +858,13 @@ class Simulator:
         self._share = config.share_prompt
         self._folds: dict[int, tuple[SimTraj, FoldIndex]] = {}  # id(spec) -> FoldIndex (see _plan_segment)
         self._spec_k = config.spec_tokens
+        self._starts: dict[int, int] = {}  # slots cold-starting now -> their action epoch (start_interference)
+        self._host_f = 1.0  # step-time factor on every slot while an engine starts (SimConfig.start_interference)
         self._spec_adaptive = config.spec_adaptive
         self._spec_groups: dict[str, list[int]] = {}  # group -> its trajectories in this batch (speculation)
         self._spec_done: dict[str, int] = {}  # group -> its finished trajectories in this batch
+        self._divide = config.divide_tokens  # decode tokens per chunk (divided rollout; 0: off)
+        self._chunk_move = getattr(policy, "chunk_move", None)
 
     # -- setup / main loop -------------------------------------------------------------------------------
     def _add_slot(self, slot: Slot) -> SlotState:
@@ -965,7 +1001,7 @@ class Simulator:
                 for _fv, _seq, j, ep in list(s.heap):
                     t = self.trajs[j]
                     if t.epoch == ep and t.state == RUN:
-                        steps = min(t.seg_D, max(0.0, s.V - t.seg_V0))
+                        steps = min(t.seg_run, max(0.0, s.V - t.seg_V0))
                         if steps > 0:
                             self.recorder.tokens(self.now, steps, t.seg_t0)
                             t.decoded += steps
@@ -1043,6 +1079,8 @@ class Simulator:
                 tau -= f * perf.overlap(n)
                 if tau < dec:
                     tau = dec
+            if self._host_f != 1.0:
+                tau *= self._host_f
             s.tau = tau
             c = s.rho_remote / tau if s.rho_remote > 0 else 0.0
         if c != s.pool_c:
@@ -1340,6 +1378,15 @@ class Simulator:
             j.t_start = self.now
         k = j.turn
         j.seg_k, j.seg_m, j.seg_D, j.seg_W = k, m, float(d), w
+        # Divided rollout: the segment (planned, KV reserved and priced per step as without division) runs at
+        # most one chunk here. The part of its first prefill the chunk's steps do not pay is owed to the next
+        # segment on this KV (``pf_owed``); the folded later turns' prefill is fluid, as when a move interrupts.
+        run = j.seg_run = j.seg_D if not self._divide or j.seg_D <= self._divide else float(self._divide)
+        owed, owed_tok = j.pf_owed, j.pf_owed_tok
+        if owed:
+            j.pf_owed, j.pf_owed_tok = 0.0, 0.0
+            if cached != j.ctx or s.role is Role.DECODE:  # prefilled again here (or on the pool): nothing owed
+                owed, owed_tok = 0.0, 0.0
         j.seg_ctx0, j.seg_ctx_end, j.seg_dec0 = ctx0, ctx_end, j.dec_done
         # Prefill seconds of the folded later turns' new tokens (over their natural contexts), then of the first
         # prefill before j's next decode step; the common cases from j's memoised turn prices (one lookup).
@@ -1348,8 +1395,14 @@ class Simulator:
             prices = perf.spec_prefill(j.spec)
             cum, cum_tok = prices[1], prices[2]
             later_s, later_tok = cum[m] - cum[k], cum_tok[m] - cum_tok[k]
+            # What the recorder counts: a segment after a cut re-plans turns whose tokens the cut segment's plan
+            # already recorded (its seconds stay fluid, spread over each plan's steps); each turn counts once.
+            rec_tok = later_tok if j.pf_rec <= k else cum_tok[m] - cum_tok[min(m, j.pf_rec)]
+            if run < j.seg_D and m > j.pf_rec:
+                j.pf_rec = m
         else:
             later_s, later_tok = 0.0, 0
+            rec_tok = 0
         if p0 <= 0:
             first = 0.0
         elif cached == 0 and k == 0 and not j.pf_done:
@@ -1368,9 +1421,10 @@ class Simulator:
                 if later_s > 0:
                     j.seg_rrho = later_s / j.seg_D if j.seg_D > 0 else 0.0
                     j.seg_W += later_s / self._pool_free() + ps.perf.transfer(later_tok, ps.node == s.node)
-                    self.recorder.prefill(self.now, later_tok)
-                    tau = s.tau if s.n_run else perf.decode(1, ctx0)
-                    self.recorder.span("prefill", self.now, self.now + j.seg_D * tau + w, later_tok)
+                    if rec_tok:
+                        self.recorder.prefill(self.now, rec_tok)
+                        tau = s.tau if s.n_run else perf.decode(1, ctx0)
+                        self.recorder.span("prefill", self.now, self.now + j.seg_D * tau + w, rec_tok)
                 j.seg_rho = 0.0
                 if p0 > 0:
                     j.state = PREFILL
@@ -1386,15 +1440,20 @@ class Simulator:
                 return self._join(j, s)
             # no PREFILL slot: the DECODE slot prefills itself, as a MIXED one
         f = later_s + first
+        if owed:
+            f += owed
         j.seg_rho = f / j.seg_D if j.seg_D > 0 else 0.0
-        j.seg_rtok = (p0 + later_tok) / j.seg_D if j.seg_D > 0 else 0.0
-        if p0 or later_tok:
+        j.seg_rtok = (p0 + later_tok + owed_tok) / j.seg_D if j.seg_D > 0 else 0.0
+        if run < j.seg_D:
+            left = 1.0 - run / j.seg_D
+            j.pf_owed, j.pf_owed_tok = (first + owed) * left, (p0 + owed_tok) * left
+        if p0 or rec_tok:
             rec = self.recorder
-            rec.prefill(self.now, p0 + later_tok)
+            rec.prefill(self.now, p0 + rec_tok)
             if rec.track_rates:
                 rec.span("prefill", self.now, self.now, p0)
                 tau = s.tau if s.n_run else perf.decode(1, ctx0)
-                rec.span("prefill", self.now, self.now + j.seg_D * tau + w, later_tok)
+                rec.span("prefill", self.now, self.now + j.seg_D * tau + w, rec_tok)
             j.prefilled += p0
         j.kv_ok = True
         return self._join(j, s)
@@ -1411,7 +1470,10 @@ class Simulator:
         ep = j.epoch = self._epoch
         v0 = j.seg_V0 = s.V
         j.seg_t0 = now
-        kv = j.seg_kv = (j.seg_ctx0 + j.seg_ctx_end) * 0.5
+        if j.seg_run == j.seg_D:
+            kv = j.seg_kv = (j.seg_ctx0 + j.seg_ctx_end) * 0.5
+        else:  # a chunk of a divided segment: its context grows over the chunk only
+            kv = j.seg_kv = j.seg_ctx0 + (j.seg_ctx_end - j.seg_ctx0) * (j.seg_run / j.seg_D) * 0.5
         s.n_run += 1
         s.kv_sum += kv
         s.rho_sum += j.seg_rho
@@ -1419,7 +1481,7 @@ class Simulator:
         s.rho_remote += j.seg_rrho
         s.acc_sum += j.spec_a
         self._retau(s)
-        heapq.heappush(s.heap, (v0 + j.seg_D, ep, j.idx, ep))
+        heapq.heappush(s.heap, (v0 + j.seg_run, ep, j.idx, ep))
         return self._reschedule(s)
 
     def _leave_batch(self, j: TrajState, s: SlotState) -> None:
@@ -1435,9 +1497,16 @@ class Simulator:
         """Stop j's running segment now; keep its token progress (KV stays where it is)."""
         s = self.slots[j.slot]
         self._rebase(s, self.now)
-        steps = min(j.seg_D, max(0.0, s.V - j.seg_V0))
+        steps = min(j.seg_run, max(0.0, s.V - j.seg_V0))
         self._leave_batch(j, s)
         self._retau(s)
+        self._advance(j, steps)
+        j.state = WAIT  # caller decides
+
+    def _advance(self, j: TrajState, steps: float) -> None:
+        """Credit ``steps`` decode steps of j's running segment (which j has left): its position (turn, tokens
+        decoded in it, context), the tool seconds of the folded turns it finished (owed, waited later) and the
+        tokens to the recorder; its KV stays where it is."""
         pf, dec, tool = j.pf, j.dec, j.tool
         k, m = j.seg_k, j.seg_m
         first = dec[k] - j.seg_dec0
@@ -1469,7 +1538,6 @@ class Simulator:
             self.recorder.tokens(self.now, steps, j.seg_t0)
             self.recorder.span("decode", j.seg_t0, self.now, steps)
             j.decoded += steps
-        j.state = WAIT  # caller decides
 
     def _displace(self, j: TrajState, *, lose_kv: bool) -> list[Event]:
         """Take j off its slot (KV lost when ``lose_kv``); it continues its tool or goes back to the policy."""
@@ -1606,6 +1674,9 @@ class Simulator:
         self._retau(s)
         rec = self.recorder
         for j in done:
+            if j.seg_run < j.seg_D:  # a chunk of a divided segment: back to the dispatcher
+                out += self._chunk_done(j, s)
+                continue
             rec.tokens(self.now, j.seg_D, j.seg_t0)
             if rec.track_rates:
                 rec.span("decode", j.seg_t0, self.now, j.seg_D)
@@ -1691,7 +1762,29 @@ class Simulator:
         if s.role is Role.PREFILL:
             self._pool_dirty = True
         self._dirty = True
+        if self._starts:
+            self._host_refresh()
         return self._drain_waiting(s)
+
+    def _host_refresh(self) -> None:
+        """Drop finished or cancelled cold starts; when whether any engine starts changed, re-time every running
+        batch at the new step-time factor (``SimConfig.start_interference``)."""
+        now = self.now
+        slots = self.slots
+        for idx, epoch in list(self._starts.items()):
+            s = slots[idx]
+            if not s.present or s.action_epoch != epoch or s.ready_at <= now:
+                del self._starts[idx]
+        f = 1.0 + self.cfg.start_interference if self._starts else 1.0
+        if f == self._host_f:
+            return
+        for s in self.live:
+            self._rebase(s, now)
+        self._host_f = f
+        for s in self.live:
+            if s.n_run:
+                self._retau(s)
+                self._out_extend(self._reschedule(s))
 
     def _on_avail(self, ev: Event) -> list[Event]:
         aev = self.availability[ev.a] if ev.a >= 0 else self.driver.lending_event(ev.b)
@@ -2013,6 +2106,7 @@ class Simulator:
 
     def _set_role_now(self, s: SlotState, role: Role) -> None:
         sec = self.switch_seconds(s, role)
+        cold = s.engine is EngineState.NONE and role is not Role.OFF
         old = s.role
         if Role.PREFILL in (old, role):
             self._pool_dirty = True
@@ -2034,9 +2128,14 @@ class Simulator:
             if s.ready_at > self.now:
                 s.ready_at = self.now
                 s.action_epoch += 1
+            if s.idx in self._starts:  # a start cut short (the slot left, or turned off)
+                self._host_refresh()
         else:
             self.recorder.gpu_seconds_switch(sec * s.tp)
             self._out_extend(self._action(s, sec))
+            if cold and sec > 0 and self.cfg.start_interference > 0:
+                self._starts[s.idx] = s.action_epoch
+                self._host_refresh()
         if role is Role.PREFILL:
             s.pf_busy = max(s.pf_busy, s.ready_at)
         self._set_cat(s)
@@ -2055,32 +2154,66 @@ class Simulator:
         if t.slot == target or t.slot < 0 or not t.kv_ok or t.state in (PREFILL, MOVE):
             return False
         if by_kv:
-            if dst.kv_cap - dst.reserved + self.prefix_bonus(dst, t) < t.ctx:
-                return False
-            src = self.slots[t.slot]
-            if t.state == RUN:
-                self._interrupt(t)
-                self._out_extend(self._reschedule(src))
-            xfer = src.perf.transfer(t.ctx, src.node == dst.node)
-            was_tool = t.state == TOOL
-            self._release(t)
-            self._reserve(t, dst, t.ctx)
-            self.recorder.count("migrations_kv")
-            self.recorder.gpu_seconds_migrate(xfer * src.tp)
-            self._out_extend(self._drain_waiting(src))
-            if was_tool:
-                t.kv_ok = True
-                t.move_ready = self.now + xfer
-                return True
-            t.state = MOVE
-            t.epoch = self._new_epoch()
-            self._out_extend([self.q.make(self.now + xfer, EvKind.JOIN, t.idx, t.epoch)])
-            return True
+            return self._move_kv(t, dst, "migrations_kv")
         self.recorder.count("migrations_reprefill")
         src = self.slots[t.slot]
         self._out_extend(self._displace(t, lose_kv=True))
         self._out_extend(self._drain_waiting(src))
         return True
+
+    def _move_kv(self, t: TrajState, dst: SlotState, counter: str) -> bool:
+        """Move t's KV (on its slot, ``kv_ok``) to ``dst`` by transfer: ``FastPerf.transfer`` seconds over the
+        link between the two (same node or not), during which t is in MOVE (or keeps its tool call); the
+        room is held on ``dst`` from now. False (nothing done) when ``dst`` cannot hold t's context now.
+        Counted as ``counter``; its GPU-seconds as migration GPU-seconds. Events go to ``_out``."""
+        if dst.kv_cap - dst.reserved + self.prefix_bonus(dst, t) < t.ctx:
+            return False
+        src = self.slots[t.slot]
+        if t.state == RUN:
+            self._interrupt(t)
+            self._out_extend(self._reschedule(src))
+        self._dequeue(t)
+        xfer = src.perf.transfer(t.ctx, src.node == dst.node)
+        was_tool = t.state == TOOL
+        self._release(t)
+        self._reserve(t, dst, t.ctx)
+        self.recorder.count(counter)
+        self.recorder.gpu_seconds_migrate(xfer * src.tp)
+        self._out_extend(self._drain_waiting(src))
+        if was_tool:
+            t.kv_ok = True
+            t.move_ready = self.now + xfer
+            return True
+        t.state = MOVE
+        t.epoch = self._new_epoch()
+        self._out_extend([self.q.make(self.now + xfer, EvKind.JOIN, t.idx, t.epoch)])
+        return True
+
+    def _chunk_done(self, j: TrajState, s: SlotState) -> list[Event]:
+        """j decoded a whole chunk on s (divided rollout; it has left s's batch): credit it, then ask the
+        policy where its next chunk runs (``chunk_move``): on s with its KV (no cost), or moved by KV transfer
+        (``_move_kv``, migrate's path) or by re-prefill on the new slot (its KV here dropped)."""
+        self._advance(j, j.seg_run)
+        j.state = WAIT
+        self.recorder.count("chunks")
+        move = self._chunk_move(self, j.idx) if self._chunk_move is not None else None
+        if move is None or move[0] == s.idx:
+            return self._try_start(j, s)
+        dst = self.slots[move[0]]
+        if move[1]:
+            # As for a new request, the engine may evict the KV of residents in tool calls to take it in.
+            while self._evictable and dst.kv_cap - dst.reserved + self.prefix_bonus(dst, j) < j.ctx:
+                victim = self._idle_victim(dst)
+                if victim is None:
+                    break
+                self._evict(self.trajs[victim])
+            if self._move_kv(j, dst, "chunk_moves_kv"):
+                return []
+        self.recorder.count("chunk_moves_reprefill")
+        self._release(j)
+        out = self._drain_waiting(s)
+        j.state = WAIT
+        return out + self._try_start(j, dst)
 
     def _enqueue(self, j: TrajState) -> None:
         """j waits for the policy to place it (FCFS position = now)."""
@@ -2186,7 +2319,7 @@ class Simulator:
             return j.decoded, done_turns, sum(j.tool[:done_turns]), j.ctx
         s = self.slots[j.slot]
         v = s.V + (max(0.0, self.now - s.t_ref) / s.tau if s.n_run else 0.0)
-        steps = min(j.seg_D, max(0.0, v - j.seg_V0))
+        steps = min(j.seg_run, max(0.0, v - j.seg_V0))
         k, m = j.seg_k, j.seg_m
         left = steps - (j.dec[k] - j.seg_dec0)
         turns = k

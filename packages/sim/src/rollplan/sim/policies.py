@@ -47,11 +47,13 @@ from rollplan.policy.dispatch import (
     INFORMED_SOURCES,
     KV_HEADROOM,
     Headrooms,
+    SlotLoad,
     critical_set,
     is_bulk_bound,
     pessimistic_path,
     required_room,
 )
+from rollplan.policy.dispatch import choose_slot as core_choose_slot
 from rollplan.sim.engine import DECODING
 
 if TYPE_CHECKING:
@@ -142,6 +144,77 @@ class BasePolicy:
 
     def on_traj_done(self, sim: Simulator, j: int) -> None:
         return None
+
+    # -- divided rollout (SimConfig.divide_tokens) -------------------------------------------------------------
+    def chunk_admission(self, sim: Simulator, j: int) -> tuple[Headrooms, bool, bool, frozenset[int] | set[int]]:
+        """The admission a chunk move is held to (``chunk_move``): (headrooms, j is predicted-critical, the
+        batch is bound by its bulk, the slots hosting a predicted-critical trajectory). Baselines: vLLM's
+        admission (no headroom; ``slot_free`` counts evictable tool-call KV as free)."""
+        return _NO_HEADROOM, False, False, _NO_SLOTS
+
+    def slot_free(self, sim: Simulator, s: SlotState) -> int:
+        """KV of ``s`` a new admission may take, before the watermark (``SlotLoad.kv_free``): baselines, as vLLM,
+        may evict the KV of residents in tool calls (``Simulator.free_for_new``)."""
+        return sim.free_for_new(s) + s.watermark
+
+    def chunk_move(self, sim: Simulator, j: int) -> tuple[int, bool] | None:
+        """Divided rollout: where j, which just decoded a chunk (``SimConfig.divide_tokens`` decode steps) on its
+        slot and still has its KV there (its home), runs its next chunk. None: on its home, at no cost.
+        (slot, by_kv): moved there, by KV transfer when ``by_kv``, else by re-prefill of its context there.
+
+        1. Priced candidates: the slots that take new work (``candidates``) other than home on which j's next
+           chunk runs faster than at home by more than the move costs: ``N * (tau_home - tau_s) > move_s``, with
+           ``tau`` a slot's decode step once j joins its running batch (the perf model's decode step at the
+           batch's mean context, plus the prefill seconds per step its members carry) and ``move_s`` the cheaper
+           of the KV transfer (``FastPerf.transfer``, the price the simulator's ``migrate`` charges) and the
+           re-prefill of what a resident sibling does not hold there (``FastPerf.prefill``): the planner's move
+           price ``m_js`` (the cheaper of the two). When home cannot take j's next turn (KV) or is being returned,
+           every candidate counts: waiting costs more than any move.
+        2. The decision core picks among them (``rollplan.policy.dispatch.choose_slot``, under this policy's
+           admission, ``chunk_admission``): the slot with the fewest residents that admits j, then the most
+           free KV. None admits: home.
+        3. By KV when the transfer is the cheaper (the planner's ``move_by_kv``)."""
+        t = sim.trajs[j]
+        home = sim.slots[t.slot]
+        need = sim.need_new(t)
+        n_tok = sim.cfg.divide_tokens
+        ctx = t.ctx
+        stay = (home.return_by is None and home.present
+                and home.kv_cap - home.reserved + t.reserved + sim.prefix_bonus(home, t) >= need)
+        if stay and sim.n_pending:
+            return None  # the room j would take elsewhere is wanted by waiting work: a move gains the batch nothing
+        tau_home = self._tau_with(home, ctx) if stay else math.inf
+        heads, critical, bulk, crit_slots = self.chunk_admission(sim, j)
+        loads = []
+        prices: dict[int, tuple[float, float]] = {}
+        for s in self.candidates(sim):
+            if s is home:
+                continue
+            gain = n_tok * (tau_home - self._tau_with(s, ctx))
+            if gain <= 0.0:
+                continue
+            perf = s.perf
+            bonus = sim.prefix_bonus(s, t)
+            kv_s = home.perf.transfer(ctx, home.node == s.node)
+            re_s = perf.prefill(ctx - bonus, bonus)
+            if gain <= min(kv_s, re_s):
+                continue
+            prices[s.idx] = (kv_s, re_s)
+            loads.append(SlotLoad(s.idx, s.kv_cap, self.slot_free(sim, s), s.watermark, s.n_res, bonus,
+                                  s.idx in crit_slots))
+        if not loads:
+            return None
+        target = core_choose_slot(need, loads, critical=critical, bulk_bound=bulk, headrooms=heads)
+        if target is None:
+            return None
+        kv_s, re_s = prices[target]  # type: ignore[index]
+        return int(target), kv_s <= re_s  # type: ignore[arg-type]
+
+    @staticmethod
+    def _tau_with(s: SlotState, ctx: float) -> float:
+        """Seconds per decode step of ``s``'s running batch with one more sequence of ``ctx`` KV tokens."""
+        n = s.n_run + 1
+        return s.perf.decode(n, (s.kv_sum + ctx) / n) + s.rho_sum
 
     def warm_start(self, history: Sequence[tuple[Any, str]]) -> None:
         """Trajectories finished before the replay window (baselines keep no history)."""
@@ -284,6 +357,7 @@ class FormulaPD(BasePolicy):
 # The dispatch and admission constants and rules live in the decision core (rollplan.policy.dispatch, where
 # their docstrings say what they mean); re-exported here for the policies below and their callers.
 _NO_SLOTS: frozenset[int] = frozenset()
+_NO_HEADROOM = Headrooms(0.0)
 
 
 def _group_floors(live: Sequence[Any], progress: Sequence[tuple[float, int, float, int]]
@@ -374,16 +448,50 @@ class RollplanPolicy(BasePolicy):
         self._groups_seen_at_plan = -1
         self._kv_lost_at_plan = 0
         self._a_ref = 0.02
+        self._spec_a = 0.0  # the acceptance the planner prices speculation at (``_spec_acceptance``)
 
     def attach(self, sim: Simulator) -> None:
         super().attach(sim)
         cfg = self._PlannerConfig(
             backend=self.backend, time_limit=self.time_limit, switch_weight=self.switch_weight,
-            perf=lambda gpu, tp: sim.perf_for(gpu, tp).perf, mem_util=sim.cfg.mem_util,
+            perf=self._spec_provider(sim) if sim.cfg.spec_tokens else (lambda gpu, tp: sim.perf_for(gpu, tp).perf),
+            mem_util=sim.cfg.mem_util,
             role_switch_seconds=sim.cfg.role_switch_s,
             clock=_CountingClock() if self.deterministic else time.perf_counter,
         )
         self.planner = self._Planner(cfg)
+
+    def _spec_provider(self, sim: Simulator) -> Any:
+        """The planner's PerfProvider when the slots speculate (``SimConfig.spec_tokens``): each slot type's
+        model wrapped in ``rollplan.models.perf.spec.SpeculativePerf`` at the acceptance ``_spec_acceptance``
+        measured at the latest re-plan (the engines' per-request acceptance, here the simulator's per group)
+        and the engines' draft length (adaptive as they are), so the planner prices every decode token at the
+        speed a speculating engine of that batch size produces it. Memoised per (type, acceptance to 0.01)."""
+        from rollplan.models.perf.spec import SpeculativePerf
+
+        memo: dict[tuple[str, int, float], Any] = {}
+        k, adaptive = sim.cfg.spec_tokens, sim.cfg.spec_adaptive
+
+        def provider(gpu: str, tp: int) -> Any:
+            a = round(self._spec_a, 2)
+            key = (gpu, tp, a)
+            hit = memo.get(key)
+            if hit is None:
+                hit = memo[key] = SpeculativePerf(sim.perf_for(gpu, tp).perf, a, k, adaptive)
+            return hit
+
+        return provider
+
+    def _spec_acceptance(self, sim: Simulator) -> float:
+        """The acceptance the planner prices speculation at: the mean over the predicted-critical trajectories
+        (whose decode sets the makespan; their groups' finished siblings feed their drafts), else over every
+        unfinished one (the engines measure it per request)."""
+        from rollplan.sim.engine import DONE
+
+        trajs = sim.trajs
+        crit = [trajs[j].spec_a for j in self._critical() if trajs[j].state != DONE]
+        vals = crit or [t.spec_a for t in trajs if t.state != DONE]
+        return min(1.0, max(0.0, sum(vals) / len(vals))) if vals else 0.0
 
     # -- snapshot ----------------------------------------------------------------------------------------------
     def _predict(self, sim: Simulator, j: int, progress: tuple[float, int, float, int] | None = None,
@@ -534,6 +642,8 @@ class RollplanPolicy(BasePolicy):
         self._rebuild_heap(sim)
         if not snap.trajectories:
             return
+        if sim.cfg.spec_tokens:
+            self._spec_a = self._spec_acceptance(sim)
         try:
             plan = self.planner.replan(snap)
         except RollplanError as err:
@@ -698,6 +808,16 @@ class RollplanPolicy(BasePolicy):
             self._crit_slots.add(slot)  # later admissions this instant see it
         return slot
 
+    def chunk_admission(self, sim: Simulator, j: int) -> tuple[Headrooms, bool, bool, frozenset[int] | set[int]]:
+        """A chunk move is held to this policy's own admission (``choose_slot``): its headrooms in the latest
+        plan's regime, critical slots and trajectories as for a new admission."""
+        crit = self._critical()
+        return self.headrooms, j in crit, self._bulk_bound, self._critical_slots(sim, crit)
+
+    def slot_free(self, sim: Simulator, s: SlotState) -> int:
+        """The KV of residents in tool calls counts as held (as in ``choose_slot``)."""
+        return s.kv_free
+
     def warm_start(self, history: Sequence[tuple[Any, str]]) -> None:
         """Observe finished trajectories of earlier RL steps (the job ran before the replay window)."""
         from rollplan.sim.predict import Totals
@@ -744,6 +864,10 @@ class ElasticPlus(RollplanPolicy):
 
     def attach(self, sim: Simulator) -> None:
         BasePolicy.attach(self, sim)  # no Planner is built
+
+    # Chunk moves (divided rollout) under vLLM's admission, as its new admissions (``choose_slot``).
+    chunk_admission = BasePolicy.chunk_admission
+    slot_free = BasePolicy.slot_free
 
     def on_replan(self, sim: Simulator, reason: str) -> None:
         self._new_batch(sim)

@@ -331,6 +331,8 @@ class Scenario:
             "share_prompt": self.sim.share_prompt,
             "speculation": ({"tokens": self.sim.spec_tokens, "acceptance": self.sim.spec_acceptance,
                              "base_acceptance": self.sim.spec_base_acceptance} if self.sim.spec_tokens else None),
+            # Only when on, so a replay without division describes itself as before.
+            **({"divide_tokens": self.sim.divide_tokens} if self.sim.divide_tokens else {}),
             "replan_interval_s": self.replan_interval_s,
             "warmup_batches": self.warmup_batches,
         }

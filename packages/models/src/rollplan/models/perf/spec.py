@@ -23,10 +23,12 @@ whole verify step. Pure functions: no I/O, no clock.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rollplan.models.errors import SchemaError
 from rollplan.models.perf.base import PerfModel
+from rollplan.models.specs import GpuKind, ModelSpec
 
 
 def _check(acceptance: float, k: int) -> None:
@@ -83,3 +85,82 @@ def best_draft_length(perf: PerfModel, batch: int, kv_tokens: float, acceptance:
     (no speculation) wins whenever drafting does not pay, e.g. at low acceptance on a compute-bound batch."""
     steps = [speculative_step(perf, batch, kv_tokens, acceptance, k) for k in range(k_max + 1)]
     return min(steps, key=lambda s: (s.seconds_per_token, s.k))
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativePerf:
+    """``inner`` (a PerfModel) on engines that speculate: decode priced per produced token.
+
+    ``decode_step_time(b, kv)`` is a sequence's seconds per token, ``speculative_step(...).seconds_per_token``
+    at ``acceptance`` and the draft length that is fastest per token in ``0..k`` (``best_draft_length``;
+    ``adaptive=False``: always ``k``), so k = 0 (the plain step) wherever drafting does not pay. A mixed step
+    (``step_time`` with decodes) has its decode part priced the same way: ``inner.step_time(...) -
+    inner.decode_step_time(b, kv) + decode_step_time(b, kv)``, so what a prefill chunk adds to a step is the
+    inner model's and ``step_time(0, 0, b, b * kv) == decode_step_time(b, kv)`` still holds. Everything else is
+    ``inner``'s. Meant for the planner (a ``PerfProvider`` returning it): every decode token it prices is then
+    one a speculating engine produces, faster the smaller the batch (memory-bound steps), as the simulator's
+    slots decode with ``SimConfig.spec_tokens`` (docs/seer.md). Pure; ``acceptance`` and ``k`` are checked."""
+
+    inner: PerfModel
+    acceptance: float
+    k: int
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.acceptance, self.k)
+
+    @property
+    def gpu(self) -> GpuKind:
+        return self.inner.gpu
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.inner.model
+
+    @property
+    def tp(self) -> int:
+        return self.inner.tp
+
+    def _step(self, batch: int, kv_tokens: float) -> SpecStep:
+        if self.adaptive:
+            return best_draft_length(self.inner, batch, kv_tokens, self.acceptance, self.k)
+        return speculative_step(self.inner, batch, kv_tokens, self.acceptance, self.k)
+
+    def decode_step_time(self, batch: int, kv_tokens: float) -> float:
+        if batch <= 0 or self.k == 0:
+            return self.inner.decode_step_time(batch, kv_tokens)
+        return self._step(batch, kv_tokens).seconds_per_token
+
+    def step_time(self, prefill_tokens: int, prefill_context: int, decode_seqs: int, decode_kv_tokens: float) -> float:
+        base = self.inner.step_time(prefill_tokens, prefill_context, decode_seqs, decode_kv_tokens)
+        if decode_seqs <= 0 or self.k == 0:
+            return base
+        kv = decode_kv_tokens / decode_seqs
+        return base - self.inner.decode_step_time(decode_seqs, kv) + self.decode_step_time(decode_seqs, kv)
+
+    def prefill_time(self, prompt_tokens: Sequence[int], cached_tokens: Sequence[int] | None = None) -> float:
+        return self.inner.prefill_time(prompt_tokens, cached_tokens)
+
+    def kv_capacity_tokens(self, mem_util: float = 0.9) -> int:
+        return self.inner.kv_capacity_tokens(mem_util)
+
+    def kv_capacity_seqs(self, context_tokens: float, mem_util: float = 0.9) -> int:
+        return self.inner.kv_capacity_seqs(context_tokens, mem_util)
+
+    def kv_transfer_time(self, tokens: int, same_node: bool) -> float:
+        return self.inner.kv_transfer_time(tokens, same_node)
+
+    def weight_bytes(self) -> int:
+        return self.inner.weight_bytes()
+
+    def cold_start_time(self) -> float:
+        return self.inner.cold_start_time()
+
+    def wake_time(self) -> float:
+        return self.inner.wake_time()
+
+    def weight_sync_time(self, same_node: bool = False) -> float:
+        return self.inner.weight_sync_time(same_node)
+
+    def reprefill_time(self, context_tokens: int) -> float:
+        return self.inner.reprefill_time(context_tokens)
