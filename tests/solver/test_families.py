@@ -3,7 +3,9 @@
 Invariants: every family snapshot passes the input checks and plans to a valid plan; the same arguments
 give the same snapshot; the hard families are what they claim (work-bound: the work bound above the
 critical-path bound; deadlines: a third of the slots due back 60 s after the snapshot; heterogeneous: three
-GPU kinds); the CLI prints the family's snapshot and refuses an unknown family with exit code 2.
+GPU kinds); on the work-bound, heterogeneous and deadline families the head bound (``work_head``: heads a (max D -
+occupancy) no slot can fill) is above the work bound; the CLI prints the family's snapshot and refuses an unknown
+family with exit code 2.
 Slow (``-m slow``): hypothesis over families, sizes and seeds, every plan of every backend valid.
 """
 
@@ -41,6 +43,14 @@ def test_families_are_hard_in_their_way() -> None:
     assert {s.gpu for s in family_snapshot("heterogeneous", 6, 24).slots} == {"h100", "h800", "a100"}
     with pytest.raises(UnknownNameError):
         family_snapshot("easy", 2, 4)
+
+
+@pytest.mark.parametrize("family", ["work-bound", "heterogeneous", "deadlines"])
+def test_head_bound_is_above_the_work_bound(family: str) -> None:
+    from rollplan.solver.core.bounds import BOUND_WORK, BOUND_WORK_HEAD, compute_bounds
+
+    bounds = compute_bounds(build_instance(family_snapshot(family, 16, 256, seed=0), planner_config()))
+    assert bounds.get(BOUND_WORK_HEAD, 0.0) > 1.005 * bounds[BOUND_WORK], bounds
 
 
 def test_cli_snapshot_family(capsys) -> None:

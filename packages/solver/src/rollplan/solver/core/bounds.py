@@ -33,14 +33,40 @@ for any theta in [0, 1]. Summed over the slots (uniform weights, windows as for 
 With D sorted decreasing, let m_k be the number of slots hosting one of the k longest. Each such slot has
 M_s >= D_k, so for any alpha in [0, 1] its own members cost sum (c D_j + (1 - alpha) a O w) <= C - st_min -
 alpha a_min D_k: m_k >= ceil(sum_{j <= k} least cost / that room) (none can exist when the room is <= 0; m_k
-<= the number of slots; m_k grows with k). Layer cake: sum_s M_s = int #{s: M_s >= t} dt >= sum_k (D_k -
-D_{k+1}) m_k. The left side grows with C and the right side shrinks, so the smallest C satisfying every
-(theta in ``HEAD_THETAS``) inequality is found by bisection; the bound is the last C shown infeasible.
+<= the number of slots; m_k grows with k); with alpha = 0 also at least the fewest slots whose own windows
+(largest first: a lent slot's ends at its deadline when on time) hold that cost. Layer cake: sum_s M_s =
+int #{s: M_s >= t} dt >= sum_k (D_k - D_{k+1}) m_k. The left side grows with C and the right side shrinks,
+so the smallest C satisfying every (theta in ``HEAD_THETAS``) inequality is found by bisection; the bound is
+the last C shown infeasible.
 Weighted like ``work`` (slot weights v per type: every cost and window times v_s; a_min becomes min v a,
 the room max v (C - st_min) - alpha min(v a) D_k): uniform, v = 1 / a (heads counted in decode steps, so a
 mix of GPU kinds loses nothing to the fastest one's a) and ``work``'s 1 / mean work; the largest is kept. Reason: with ~16
 trajectories per slot and long contexts the heads a (M_s - occupancy) are 3-11% of the slots' time (bench
 families), which ``work`` misses.
+*Heads no slot can fill*: a slot whose longest member decodes M tokens and that finishes by C spends
+c_s sum D <= C - st_s - a_s M on decoding (the rest is at least a_s M), so its occupancy is at most F_k(C - st_k -
+a_k M): the most occupancy any set of trajectories fitting its type k holds for that much c-priced work (a
+fractional knapsack over all trajectories by O w / c D, tabulated once per type; st_k the type's least start).
+Its head is then at least h_k(M) = max(0, M - F_k(C - st_k - a_k M)), which grows with M; so max(M_s, sum O w) >=
+theta M_s + (1 - theta) (sum O w + h(M_s)) and, by the same layer cake over the hosts m_k,
+sum_s v_s a_s h_s(M_s) >= sum_k (g(D_k) - g(D_{k+1})) m_k with g(d) = min_k v_k a_k h_k(d) (made nonincreasing
+along the sorted D by lowering). Each inequality becomes
+    sum_s v_s (C - stlb_s)^+ >= W_theta + theta (v a)_min sum_s M_s + (1 - theta) sum_s v_s a_s h_s(M_s).
+Reason: on the heterogeneous family the head is forced on every slot hosting a long trajectory (its KV share
+is too small to fill M steps within C); measured at M (256 x 4,096) seed 0: 90.16 -> 93.53.
+
+``path_head`` — the longest path and the heads together: a decoding slot's T_s - st_s is at least its
+longest path max_j Q_js + phi sum_k (c_s D_k + e_ks) (``pricing.slot_time``) and its body c_s sum D + a_s
+max(M_s, sum O w) + extra, so for theta_p + theta_h <= 1 it is at least theta_p (Q*_s^+ + phi U_s) + theta_h
+(c_s sum D + a_s M_s) + (1 - theta_p - theta_h)(body with the filled head above), U_s = sum_k (c_s D_k + e_ks)
+(the clip Q*^+ holds: when Q* < 0 the body alone is >= U_s >= phi U_s). Summed like ``work_head``, with
+per-trajectory least values (q_j = min over the types it fits and both roles of Q_js, u_j = min (c D + e)),
+and a second layer cake over q: the slots hosting one of the k largest q number at least
+ceil(sum_{i <= k} (alpha phi u_i + (1 - alpha) b_i) / ((C - st_min) - alpha q_k)) (b = c D + a O w + e). Prefill
+slots count (1 - theta_p) of their prefill seconds. Reason: where a trajectory's tool waits make its path
+exceed its slot's body (deadline family), the heads alone miss it; it is strictly the best bound on 147 of 500
+tiny family instances. Both head bounds report only what is above work and critical path (0 otherwise), and
+start their bisection there (the cost at 1,024 x 16,384: ~0.1 s).
 
 ``lp`` — the LP relaxation of the MILP (``rollplan.solver.backends.milp.lp_bound``), when the caller hands it
 to ``compute_bounds`` (``plan()`` does for the exact backends when the budget allows): this module imports
@@ -65,6 +91,7 @@ BOUND_WORK = "work_capacity"
 BOUND_CRITICAL_PATH = "critical_path"
 BOUND_LP = "lp_relaxation"
 BOUND_WORK_HEAD = "work_head"
+BOUND_PATH_HEAD = "path_head"
 HEAD_THETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 HEAD_ALPHAS = (0.0, 0.5, 1.0)
 HEAD_BISECTIONS = 48
@@ -245,6 +272,32 @@ def _work_bound(x: InstanceArrays, on_time: bool) -> float:
     return best
 
 
+def _least_infeasible(feasible: Callable[[float], bool], st_min: float, floor: float) -> float:
+    """The largest C shown infeasible (bisection to ``HEAD_BISECTIONS`` halvings or 1e-9 relative): a valid
+    lower bound, never above the threshold of the monotone test ``feasible``. 0.0 when it says nothing above
+    ``floor`` (another valid bound; ``feasible`` passes 1e-6 above it), or when no C passes (the windows
+    cannot hold the work on time: the other bounds say so)."""
+    lo = max(st_min, floor)
+    if lo > st_min and feasible(lo * (1.0 + 1e-6)):
+        return 0.0  # nothing worth reporting above the floor
+    hi = lo + max(1.0, 0.01 * (lo - st_min))
+    for _ in range(64):
+        if feasible(hi):
+            break
+        lo, hi = hi, st_min + (hi - st_min) * 2.0
+    else:
+        return 0.0
+    for _ in range(HEAD_BISECTIONS):
+        if hi - lo <= 1e-9 * max(1.0, hi):
+            break
+        mid = 0.5 * (lo + hi)
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
 def work_head_bound(inst: Instance, *, on_time: bool = False) -> float:
     """The work bound with per-slot heads (``work_head`` in the module docstring); 0 when it says nothing.
 
@@ -253,10 +306,11 @@ def work_head_bound(inst: Instance, *, on_time: bool = False) -> float:
     """
     if not len(inst.trajs) or not inst.slots:
         return 0.0
-    return inst.memo(("work_head_bound", on_time), lambda: _work_head_bound(inst.arrays, on_time))
+    key = ("work_head_bound", on_time)
+    return inst.memo(key, lambda: _work_head_bound(inst.arrays, on_time, _floor(inst, on_time)))
 
 
-def _work_head_bound(x: InstanceArrays, on_time: bool) -> float:
+def _work_head_bound(x: InstanceArrays, on_time: bool, floor: float) -> float:
     dec, fit = type_work(x)
     a_t, c_t = x.a[x.rep], x.c[x.rep]
     if not x.D.size or float(x.D.max()) <= 0 or (a_t <= 0).any() or (c_t < 0).any():
@@ -270,10 +324,60 @@ def _work_head_bound(x: InstanceArrays, on_time: bool) -> float:
         )
         if (np.isfinite(mean_work) & (mean_work > 0)).all():
             weightings.append(1.0 / mean_work)  # the work bound's second weighting
-    return max(_work_head_weighted(x, dec, fit, v, on_time) for v in weightings)
+    fill = _HeadFill(x, fit)
+    best = 0.0
+    for v in weightings:  # each weighting only has to beat the best so far
+        best = max(best, _work_head_weighted(x, dec, fit, v, on_time, fill, max(floor, best)))
+    return best
 
 
-def _work_head_weighted(x: InstanceArrays, dec: np.ndarray, fit: np.ndarray, v: np.ndarray, on_time: bool) -> float:
+class _HeadFill:
+    """Per slot type k, F_k(B): the most occupancy a slot of type k can hold with B seconds of its c-priced
+    decode work (a fractional knapsack over every trajectory that fits k, by O w / c D), tabulated once per
+    instance. ``head(C, d, v)``: min_k v_k a_k max(0, d - F_k(C - st_k - a_k d)) per leader length d, st_k the
+    type's least start: the least weighted head of any slot whose longest member decodes d tokens."""
+
+    def __init__(self, x: InstanceArrays, fit: np.ndarray) -> None:
+        self.a = x.a[x.rep]
+        self.st = np.array([float(x.stlb[x.type_of == k].min()) for k in range(len(x.rep))])
+        self.tables: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        for k, r in enumerate(x.rep):
+            occ = np.where(fit[k], pricing.occupancy_work(x.D, x.W, x.kbar, x.tau[r], x.kv[r]), 0.0)
+            cost = np.where(fit[k], float(x.c[r]) * x.D, 0.0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = np.where(cost > 0, occ / cost, np.where(occ > 0, np.inf, 0.0))
+            order = np.argsort(-ratio, kind="stable")
+            cost, occ = cost[order], occ[order]
+            self.tables.append(
+                (cost, occ, np.concatenate([[0.0], np.cumsum(cost)]), np.concatenate([[0.0], np.cumsum(occ)]))
+            )
+
+    def most(self, k: int, budget: np.ndarray) -> np.ndarray:
+        """F_k(budget), element-wise (the knapsack's value, linear within each item)."""
+        cost, occ, cum_cost, cum_occ = self.tables[k]
+        b = np.clip(budget, 0.0, cum_cost[-1])
+        i = np.minimum(np.searchsorted(cum_cost, b, side="right") - 1, cost.size - 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.where(cost[i] > 0, (b - cum_cost[i]) / cost[i], 1.0)
+        return cum_occ[i] + np.clip(frac, 0.0, 1.0) * occ[i]
+
+    def head(self, C: float, d: np.ndarray, v: np.ndarray) -> np.ndarray:
+        out = np.full(d.shape, np.inf)
+        for k in range(self.a.size):
+            h = np.maximum(0.0, d - self.most(k, C - self.st[k] - self.a[k] * d))
+            out = np.minimum(out, v[k] * self.a[k] * h)
+        return out
+
+
+def _work_head_weighted(
+    x: InstanceArrays,
+    dec: np.ndarray,
+    fit: np.ndarray,
+    v: np.ndarray,
+    on_time: bool,
+    fill: _HeadFill,
+    floor: float,
+) -> float:
     """``work_head`` with slot weights ``v`` per type (module docstring, weighted as ``work`` is)."""
     a_t, c_t, mu_t = x.a[x.rep], x.c[x.rep], x.mu[x.rep]
     cpart = c_t[:, None] * x.D[None, :]
@@ -304,27 +408,148 @@ def _work_head_weighted(x: InstanceArrays, dec: np.ndarray, fit: np.ndarray, v: 
                 return False  # a slot hosting one of them would finish after C
             m = np.where(w > 0, np.ceil(w / np.where(room > 0, room, 1.0) - 1e-9), 0.0)
             hosts = np.maximum(hosts, m)
+        # The hosts' own windows hold their members: at least as many as the largest windows that do.
+        windows = np.cumsum(np.sort(weight * np.clip(np.minimum(C, ends) - x.stlb, 0.0, None))[::-1])
+        if need[0.0][-1] > windows[-1] * (1.0 + 1e-12):
+            return False
+        hosts = np.maximum(hosts, np.searchsorted(windows, need[0.0] * (1.0 - 1e-12), side="left") + 1.0)
         hosts = np.maximum.accumulate(hosts)
         if hosts[-1] > n_slots:
             return False
         head = va_min * float((layer * hosts).sum())  # layer cake: sum_s M_s >= sum_k (D_k - D_k+1) m_k
-        return all(cap >= w + theta * head for theta, w in zip(HEAD_THETAS, totals, strict=True))
+        # The least head of a slot led by D_k, made nonincreasing in k by lowering (it is, up to rounding).
+        least_head = np.minimum.accumulate(fill.head(C, d_sorted, v))
+        fill_layer = least_head - np.concatenate([least_head[1:], [0.0]])
+        filled = float((fill_layer * hosts).sum())  # sum_s v_s a_s h_s(M_s), the same layer cake
+        return all(
+            cap >= w + theta * head + (1.0 - theta) * filled for theta, w in zip(HEAD_THETAS, totals, strict=True)
+        )
 
-    lo = st_min
-    hi = st_min + 1.0
-    for _ in range(64):
-        if feasible(hi):
-            break
-        lo, hi = hi, st_min + (hi - st_min) * 2.0
-    else:
-        return 0.0  # the windows cannot hold the work at any C (on time): other bounds say so
-    for _ in range(HEAD_BISECTIONS):
-        mid = 0.5 * (lo + hi)
-        if feasible(mid):
-            hi = mid
-        else:
-            lo = mid
-    return lo  # the largest C known infeasible: a valid lower bound (never above the true threshold)
+    return _least_infeasible(feasible, st_min, floor)
+
+
+def path_head_bound(inst: Instance, *, on_time: bool = False) -> float:
+    """The work bound with the slots' longest paths and heads (``path_head`` in the module docstring); 0 when
+    it says nothing (no co-running share, or no trajectory).
+
+    ``on_time``: valid only for decisions that finish every slot by its deadline (windows end there).
+    Computed once per instance (O((|J| + |S|) log) per bisection step, ~``HEAD_BISECTIONS`` steps).
+    """
+    if not len(inst.trajs) or not inst.slots or inst.phi <= 0:
+        return 0.0
+    def compute() -> float:
+        floor = max(_floor(inst, on_time), work_head_bound(inst, on_time=on_time))
+        return _path_head_bound(inst.arrays, inst.phi, on_time, floor)
+
+    return inst.memo(("path_head_bound", on_time), compute)
+
+
+def _floor(inst: Instance, on_time: bool) -> float:
+    """The work and critical-path bounds' larger value (the head bounds only report what is above it)."""
+    value = max(work_bound(inst, on_time=on_time), critical_path_bound(inst, on_time=on_time))
+    return value if math.isfinite(value) else 0.0
+
+
+def _path_head_bound(x: InstanceArrays, phi: float, on_time: bool, floor: float) -> float:
+    dec, fit = type_work(x)
+    a_t, c_t, mu_t, cross_t = x.a[x.rep], x.c[x.rep], x.mu[x.rep], x.cross[x.rep]
+    if not x.D.size or float(x.D.max()) <= 0 or (a_t <= 0).any() or (c_t < 0).any():
+        return 0.0
+    weightings = [np.ones(a_t.size)]
+    if a_t.size > 1:
+        mean_work = np.array(
+            [dec[k][fit[k]].mean() + (x.P / mu_t[k]).mean() if fit[k].any() else np.inf for k in range(a_t.size)]
+        )
+        if (np.isfinite(mean_work) & (mean_work > 0)).all():
+            weightings.append(1.0 / mean_work)  # the work bound's second weighting
+    # Per type k and trajectory j: e_min = the least own stall (MIXED prefill or DECODE KV receive), Q_min =
+    # the least Q_jk over both roles (the largest stall), cD = c_k D_j.
+    cd = c_t[:, None] * x.D[None, :]
+    e_mixed = x.P[None, :] / mu_t[:, None]
+    e_recv = pricing.kv_receive_seconds(x.P[None, :], cross_t[:, None])
+    e_min = np.minimum(e_mixed, e_recv)
+    d_row, w_row, p_row = x.D[None, :], x.W[None, :], x.P[None, :]
+    cp = pricing.critical_path(d_row, w_row, p_row, a_t[:, None], c_t[:, None], mu_t[:, None])
+    q = pricing.own_path(cp, x.D[None, :], np.maximum(e_mixed, e_recv), phi * c_t[:, None], phi)
+    parts = (cd, e_min, dec, q)
+    fill = _HeadFill(x, fit)
+    best = 0.0
+    for v in weightings:  # each weighting only has to beat the best so far
+        best = max(best, _path_head_weighted(x, phi, fit, v, parts, on_time, fill, max(floor, best)))
+    return best
+
+
+def _path_head_weighted(
+    x: InstanceArrays,
+    phi: float,
+    fit: np.ndarray,
+    v: np.ndarray,
+    parts: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    on_time: bool,
+    fill: _HeadFill,
+    floor: float,
+) -> float:
+    """``path_head`` with slot weights ``v`` per type (module docstring, weighted as ``work`` is)."""
+    cd, e_min, dec, q = parts
+    a_t, mu_t = x.a[x.rep], x.mu[x.rep]
+    vv = v[:, None]
+
+    def least(values: np.ndarray) -> np.ndarray:  # min over the types j fits of v * values
+        return np.where(fit, vv * values, np.inf).min(axis=0)
+
+    prefill = x.P * float((v / mu_t).min())  # P_j / mu on whichever slot prefills j, weighted
+    v_min = float(v.min())
+    va_min = float((v * a_t).min())
+    v_max = float(v.max())
+    u = cd + e_min  # c D + e: what j adds to its host's co-running term (before phi)
+    b = dec + e_min  # c D + a O w + e: what j adds to its host's body
+    totals = {
+        (tp, th): float((least(tp * phi * u + th * cd + (1.0 - tp - th) * dec) + (1.0 - tp) * prefill).sum())
+        for tp in HEAD_THETAS
+        for th in HEAD_THETAS
+        if tp + th <= 1.0
+    }
+    # Layer cake over Q (least over types and roles, clipped at 0: a slot's T - st >= max(Q*, 0) + phi U).
+    q_least = np.maximum(np.where(fit, q, np.inf).min(axis=0), 0.0)
+    q_order = np.argsort(-q_least, kind="stable")
+    q_sorted = q_least[q_order]
+    q_layer = q_sorted - np.concatenate([q_sorted[1:], [0.0]])
+    q_need = {alpha: np.cumsum(least(alpha * phi * u + (1.0 - alpha) * b)[q_order]) for alpha in HEAD_ALPHAS}
+    # Layer cake over D (as work_head).
+    d_order = np.argsort(-x.D, kind="stable")
+    d_sorted = x.D[d_order]
+    d_layer = d_sorted - np.concatenate([d_sorted[1:], [0.0]])
+    d_need = {alpha: np.cumsum(least(cd + (1.0 - alpha) * (dec - cd))[d_order]) for alpha in HEAD_ALPHAS}
+    st_min = float(x.stlb.min())
+    n_slots = x.stlb.size
+    ends = x.deadline if on_time else np.full(x.stlb.shape, math.inf)
+    weight = v[x.type_of]
+
+    def hosts(C: float, need: Mapping[float, np.ndarray], level: np.ndarray, scale: float) -> np.ndarray | None:
+        """At least how many slots host one of the k first (per k); None when some would finish after C."""
+        out = np.ones(level.size)
+        for alpha, w in need.items():
+            room = v_max * (C - st_min) - alpha * scale * level  # >= any host's weighted room
+            if ((room <= 0) & (w > 0)).any():
+                return None
+            m = np.where(w > 0, np.ceil(w / np.where(room > 0, room, 1.0) - 1e-9), 0.0)
+            out = np.maximum(out, m)
+        out = np.maximum.accumulate(out)
+        return None if out[-1] > n_slots else out
+
+    def feasible(C: float) -> bool:
+        cap = float((weight * np.clip(np.minimum(C, ends) - x.stlb, 0.0, None)).sum())
+        h = hosts(C, q_need, q_sorted, v_min)
+        m = hosts(C, d_need, d_sorted, va_min)
+        if h is None or m is None:
+            return False
+        path = v_min * float((q_layer * h).sum())  # sum_s Q*_s >= sum_k (q_k - q_k+1) h_k
+        head = va_min * float((d_layer * m).sum())  # sum_s M_s >= sum_k (D_k - D_k+1) m_k
+        least_head = np.minimum.accumulate(fill.head(C, d_sorted, v))
+        filled = float(((least_head - np.concatenate([least_head[1:], [0.0]])) * m).sum())
+        return all(cap >= w + tp * path + th * head + (1.0 - tp - th) * filled for (tp, th), w in totals.items())
+
+    return _least_infeasible(feasible, st_min, floor)
 
 
 LpBound = Callable[[Instance, float], "float | None"]
@@ -349,15 +574,17 @@ def compute_bounds(
     """
     x = arrays if arrays is not None else inst.arrays
     out = {BOUND_WORK: work_bound(inst, x), BOUND_CRITICAL_PATH: critical_path_bound(inst, x)}
-    if x is inst.arrays:
-        out[BOUND_WORK_HEAD] = work_head_bound(inst)
+    if x is inst.arrays:  # the head bounds only when they say more than work and critical path (else 0)
+        heads = {BOUND_WORK_HEAD: work_head_bound(inst), BOUND_PATH_HEAD: path_head_bound(inst)}
+        out.update({name: val for name, val in heads.items() if val > 0})
     if on_time and inst.trajs and np.isfinite(x.deadline).any():
         timed = {BOUND_WORK: work_bound(inst, x, on_time=True), BOUND_CRITICAL_PATH: critical_path_bound(inst, x, on_time=True)}
         if x is inst.arrays:
             timed[BOUND_WORK_HEAD] = work_head_bound(inst, on_time=True)
+            timed[BOUND_PATH_HEAD] = path_head_bound(inst, on_time=True)
         for name, val in timed.items():
-            if math.isfinite(val):
-                out[name] = max(out[name], val)
+            if math.isfinite(val) and (val > 0 or name in out):
+                out[name] = max(out.get(name, 0.0), val)
     if lp is not None and lp_budget > 0 and inst.trajs:
         try:
             value = lp(inst, lp_budget)
