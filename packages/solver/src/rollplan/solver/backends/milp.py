@@ -341,14 +341,5 @@ def lp_bound(inst: Instance, budget: float, *, upper: float | None = None) -> fl
         builder = PulpBuilder(inst)
         builder.solver = "highs"
         form.build(builder)
-        left = budget - (clock() - t0)
-        if left <= 0:
-            return None
-        res = builder.solve(
-            SolveLimits.of(inst.config, left, relax=True)
-        )
-        if res.status is not SolveStatus.OPTIMAL or res.bound is None:
-            return None
-        # The LP optimum is exact up to HiGHS' feasibility tolerance; shave it so the bound stays valid.
-        return max(0.0, res.bound * (1.0 - 1e-7) - 1e-7)
+        return aggregate.relaxed_bound(builder, inst, budget - (clock() - t0), 0.0)
     return aggregate.bound_lp(inst, PulpBuilder, budget=budget - (clock() - t0), upper=upper)

@@ -163,6 +163,17 @@ def capped_waterfill(starts: np.ndarray, rates: np.ndarray, ends: np.ndarray, wo
     return t + (work - cap) / last if last > 1e-300 else math.inf
 
 
+def _memo_bound(inst: Instance, arrays: InstanceArrays | None, name: str, on_time: bool,
+                fn: Callable[[InstanceArrays, bool], float]) -> float:
+    """``fn(arrays, on_time)``, memoised on the instance when ``arrays`` are its own (0 when there is nothing
+    to place or nowhere to place it)."""
+    if not len(inst.trajs) or not inst.slots:
+        return 0.0
+    if arrays is not None and arrays is not inst.arrays:
+        return fn(arrays, on_time)
+    return inst.memo((name, on_time), lambda: fn(inst.arrays, on_time))
+
+
 def critical_path_bound(inst: Instance, arrays: InstanceArrays | None = None, *, on_time: bool = False) -> float:
     """max_j min_s (stlb_s + j's own time on s): see the module docstring.
 
@@ -170,11 +181,7 @@ def critical_path_bound(inst: Instance, arrays: InstanceArrays | None = None, *,
     only when j's own time on it ends by the deadline (inf when some j has no such slot).
     Computed once per instance (``plan()`` asks several times; a pure function of the instance).
     """
-    if not len(inst.trajs) or not inst.slots:
-        return 0.0
-    if arrays is not None and arrays is not inst.arrays:
-        return _critical_path_bound(arrays, on_time)
-    return inst.memo(("critical_path_bound", on_time), lambda: _critical_path_bound(inst.arrays, on_time))
+    return _memo_bound(inst, arrays, "critical_path_bound", on_time, _critical_path_bound)
 
 
 def _critical_path_bound(x: InstanceArrays, on_time: bool) -> float:
@@ -237,11 +244,7 @@ def work_bound(inst: Instance, arrays: InstanceArrays | None = None, *, on_time:
     closes at its deadline (inf when the windows cannot hold the work).
     Computed once per instance (``plan()`` asks several times; a pure function of the instance).
     """
-    if not len(inst.trajs) or not inst.slots:
-        return 0.0
-    if arrays is not None and arrays is not inst.arrays:
-        return _work_bound(arrays, on_time)
-    return inst.memo(("work_bound", on_time), lambda: _work_bound(inst.arrays, on_time))
+    return _memo_bound(inst, arrays, "work_bound", on_time, _work_bound)
 
 
 def _work_bound(x: InstanceArrays, on_time: bool) -> float:

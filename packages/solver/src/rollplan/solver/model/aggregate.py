@@ -39,6 +39,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -539,12 +540,17 @@ def bound_lp(inst: Instance, factory: type, *, budget: float, upper: float | Non
     cp = critical_path_bound(inst, x)
     m.add("b7_longest_path", [(1.0, C)], Sense.GE, cp)
     builder.set_objective([ObjectivePart(TERM_MAKESPAN, 1.0, [(1.0, C)])])
-    left = budget - (clock() - t0)
+    return relaxed_bound(builder, inst, budget - (clock() - t0), cp)
+
+
+def relaxed_bound(builder: Any, inst: Instance, left: float, floor: float) -> float | None:
+    """The optimum of ``builder``'s model solved as an LP, as a valid lower bound on the makespan (None: not
+    solved within ``left`` seconds). HiGHS' optimum is exact up to its feasibility tolerance, so it is shaved
+    to stay valid; never below ``floor`` (a bound already proven). Used by ``bound_lp`` and the milp
+    backend's ``lp_bound`` on the exact formulation."""
     if left <= 0:
         return None
-    res = builder.solve(
-        SolveLimits.of(inst.config, left, relax=True)
-    )
+    res = builder.solve(SolveLimits.of(inst.config, left, relax=True))
     if res.status is not SolveStatus.OPTIMAL or res.bound is None:
         return None
-    return max(cp, res.bound * (1.0 - 1e-7) - 1e-7)
+    return max(floor, res.bound * (1.0 - 1e-7) - 1e-7)
