@@ -282,6 +282,20 @@ def trace_row(name: str, result: ReplayResult, *, per_batch: bool = False) -> di
     return row
 
 
+def check_bench_data(d: Path) -> None:
+    """A one-line error naming the bench's data files missing from the data folder ``d``."""
+    missing = [f for f in SWEBENCH_FILES if not (d / f).is_file()]
+    if missing:
+        raise UserInputError(f"the benchmark needs {', '.join(missing)} in {d}",
+                             fix="pass --data DIR (the shared data folder, ../shared/data)")
+
+
+def bench_bases(d: Path) -> tuple[Any, ...]:
+    """The bench's prompt set (``swebench_bases``) from the data folder ``d`` (``check_bench_data`` first)."""
+    check_bench_data(d)
+    return swebench_bases(d)
+
+
 def run_bench(
     data_dir: str | Path,
     *,
@@ -300,11 +314,7 @@ def run_bench(
     processes per trace (``run_replay``); the rows do not depend on it, the timing does. ``per_batch``: each
     row also carries ``per_batch_rows``. ``dispersion``, ``first_epoch``: the workload (``workload_options``)."""
     d = Path(data_dir)
-    missing = [f for f in SWEBENCH_FILES if not (d / f).is_file()]
-    if missing:
-        raise UserInputError(f"the benchmark needs {', '.join(missing)} in {d}",
-                             fix="pass --data DIR (the shared data folder, ../shared/data)")
-    bases = swebench_bases(d)
+    bases = bench_bases(d)
     names = traces or tuple(t[0] for t in BENCH_TRACES)
     rows = []
     timing: dict[str, Any] = {}
@@ -496,10 +506,7 @@ def run_matrix(
     default bench's rows when no window is cut)."""
     check_window_h(window_h)
     d = Path(data_dir)
-    missing = [f for f in SWEBENCH_FILES if not (d / f).is_file()]
-    if missing:
-        raise UserInputError(f"the benchmark needs {', '.join(missing)} in {d}",
-                             fix="pass --data DIR (the shared data folder, ../shared/data)")
+    check_bench_data(d)
     for m in modes:
         if m not in MATRIX_MODES:
             raise UserInputError(f"unknown mode {m!r}", fix="use sync or async")
@@ -642,11 +649,7 @@ def run_lever_compare(
     (``common_rollout_s``)."""
     check_window_h(window_h)
     d = Path(data_dir)
-    missing = [f for f in SWEBENCH_FILES if not (d / f).is_file()]
-    if missing:
-        raise UserInputError(f"the benchmark needs {', '.join(missing)} in {d}",
-                             fix="pass --data DIR (the shared data folder, ../shared/data)")
-    bases = swebench_bases(d)
+    bases = bench_bases(d)
     names = traces or tuple(t[0] for t in BENCH_TRACES)
     rows = []
     t_all = time.perf_counter()

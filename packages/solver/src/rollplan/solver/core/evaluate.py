@@ -173,6 +173,21 @@ def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) ->
     )
 
 
+def close_slots(inst: Instance, roles: Sequence[Role], finish: list[float], prefill_slots: Sequence[int],
+                prefill_work: float) -> list[float]:
+    """The last step of pricing a decision, shared by ``evaluate`` and the search state's objective: the
+    PREFILL slots (``prefill_slots``, ``finish`` = their start) finish when they have served ``prefill_work``
+    prefill tokens of the trajectories on DECODE slots, water-filled over them (``finish`` updated in place;
+    nothing when there is none); returns each slot's overrun past its deadline (0 for OFF slots)."""
+    if prefill_work > 0 and prefill_slots:
+        t_fill = waterfill_finish([finish[p] for p in prefill_slots], [inst.slots[p].mu_p for p in prefill_slots],
+                                  prefill_work)
+        for p in prefill_slots:
+            finish[p] = max(finish[p], t_fill)
+    return [max(0.0, finish[s] - sl.deadline) if roles[s] is not Role.OFF and sl.deadline is not None else 0.0
+            for s, sl in enumerate(inst.slots)]
+
+
 def _finish(
     inst: Instance,
     roles: Sequence[Role],
@@ -207,22 +222,11 @@ def _finish(
             st, sl.a, sl.c, inst.phi * sl.c, inst.phi, sum_d[s], max_d[s], occ[s], extra[s], cp[s], stall[s]
         )
 
-    if prefill_for_decode > 0:
-        if not prefill_slots:
-            problems.append(
-                f"{prefill_for_decode:.0f} prefill tokens of trajectories on DECODE slots but no PREFILL slot"
-            )
-        else:
-            starts = [finish[p] for p in prefill_slots]
-            rates = [inst.slots[p].mu_p for p in prefill_slots]
-            t_fill = waterfill_finish(starts, rates, prefill_for_decode)
-            for p in prefill_slots:
-                finish[p] = max(finish[p], t_fill)
-
-    overrun = [0.0] * n_s
-    for s, sl in enumerate(inst.slots):
-        if roles[s] is not Role.OFF and sl.deadline is not None:
-            overrun[s] = max(0.0, finish[s] - sl.deadline)
+    if prefill_for_decode > 0 and not prefill_slots:
+        problems.append(
+            f"{prefill_for_decode:.0f} prefill tokens of trajectories on DECODE slots but no PREFILL slot"
+        )
+    overrun = close_slots(inst, roles, finish, prefill_slots, prefill_for_decode)
     makespan = max(finish, default=0.0)
     total_overrun = sum(overrun)
     terms = (

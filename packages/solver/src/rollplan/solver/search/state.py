@@ -19,7 +19,7 @@ import numpy as np
 
 from rollplan.models.types import Role
 from rollplan.solver.core.actions import release_idle
-from rollplan.solver.core.evaluate import waterfill_finish
+from rollplan.solver.core.evaluate import close_slots, waterfill_finish
 from rollplan.solver.core.pricing import slot_time
 from rollplan.solver.core.tables import Tables
 
@@ -310,15 +310,7 @@ class SlotState:
                     prefill_work += sum(prep.P[j] for j in self.members[s])
         for j, m in moves(prep, self.where):
             switching += m * inst.slots[self.where[j]].tp
-        if prefill_work > 0 and pre:
-            t_fill = waterfill_finish([finish[p] for p in pre], [inst.slots[p].mu_p for p in pre], prefill_work)
-            for p in pre:
-                finish[p] = max(finish[p], t_fill)
-        overrun = sum(
-            max(0.0, finish[s] - sl.deadline)
-            for s, sl in enumerate(inst.slots)
-            if roles[s] is not Role.OFF and sl.deadline is not None
-        )
+        overrun = sum(close_slots(inst, roles, finish, pre, prefill_work))
         if prefill_work > 0 and not pre:
             return roles, math.inf
         return roles, max(finish, default=0.0) + cfg.switch_weight * switching + cfg.deadline_penalty * overrun
