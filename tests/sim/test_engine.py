@@ -30,9 +30,10 @@ from rollplan.sim.traces import synthetic_spot_trace
 
 def test_event_kind_priorities_are_pinned() -> None:
     assert [k.name for k in sorted(EvKind)] == [
-        "SEG_DONE", "JOIN", "TOOL_DONE", "ACTION_DONE", "AVAIL", "DEADLINE", "TRAIN_DONE", "BATCH_START", "REPLAN",
+        "SEG_DONE", "JOIN", "TOOL_DONE", "ACTION_DONE", "AVAIL", "DEADLINE", "TRAIN_DONE", "BATCH_START", "PLAN_READY",
+        "REPLAN",
     ]
-    assert [int(k) for k in sorted(EvKind)] == list(range(9))
+    assert [int(k) for k in sorted(EvKind)] == list(range(10))
 
 
 def test_heap_order_is_time_then_priority_then_seq() -> None:

@@ -171,12 +171,13 @@ class _AuditedRollplan(RollplanPolicy):
         self.audit: list[tuple[float, float, float]] = []
         self.modes: list[tuple[bool, bool]] = []
 
-    def decide(self, sim, reason):
+    def _apply(self, sim, plan):
+        # When a plan takes effect (its solve time after the state it was solved on: charge_solve).
+        from rollplan.models.errors import RollplanError
         from rollplan.solver.core.bounds import BOUND_WORK
 
-        super().decide(sim, reason)
-        plan = self.planner.previous
-        if plan is not None and self.last_status not in (None, "error") and self._cp:
+        super()._apply(sim, plan)
+        if not isinstance(plan, RollplanError) and self._cp:
             want = plan.bounds.get(BOUND_WORK, 0.0) >= self.bulk_share * max(self._cp.values())
             self.modes.append((self._bulk_bound, want))
 

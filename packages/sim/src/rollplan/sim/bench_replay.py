@@ -282,6 +282,14 @@ def trace_row(name: str, result: ReplayResult, *, per_batch: bool = False) -> di
     return row
 
 
+def planner_setting() -> dict[str, Any]:
+    """The rollplan policy's planner as the bench runs it (``make_policy`` defaults), for the report."""
+    p = make_policy("rollplan")
+    return {"rollplan_backend": getattr(p, "backend", None), "rollplan_time_limit_s": getattr(p, "time_limit", None),
+            "rollplan_deterministic": getattr(p, "deterministic", None),
+            "rollplan_solve_charged": getattr(p, "charge_solve", None)}
+
+
 def check_bench_data(d: Path) -> None:
     """A one-line error naming the bench's data files missing from the data folder ``d``."""
     missing = [f for f in SWEBENCH_FILES if not (d / f).is_file()]
@@ -357,7 +365,7 @@ def run_bench(
             "dedicated_gpus": 16, "lent_gpus": 8, "preemptible_max_gpus": 16, "gpu": "h800", "model": "qwen3-8b",
             "workload": f"swebench {GROUPS} prompts x {SAMPLES} samples per batch", "mode": mode,
             "train_step_s": 120.0, "notice_s": 30.0, "replan_interval_s": REPLAN_INTERVAL_S,
-            "fold_tool_s": SimConfig().fold_tool_s, "tool_kv": tool_kv, "share_prompt": share_prompt, "rollplan_backend": "greedy", "rollplan_time_limit_s": 0.02,
+            "fold_tool_s": SimConfig().fold_tool_s, "tool_kv": tool_kv, "share_prompt": share_prompt, **planner_setting(),
             "warmup_batches": WARMUP_BATCHES, "seed": seed,
             "dispersion": dispersion if dispersion is not None else DEFAULT_DISPERSION, "first_epoch": first_epoch,
         },
@@ -535,8 +543,8 @@ def run_matrix(
         "scenario": {
             "dedicated_gpus": 16, "lent_gpus": 8, "preemptible_max_gpus": 16, "gpu": "h800", "model": "qwen3-8b",
             "train_step_s": 120.0, "notice_s": 30.0, "replan_interval_s": REPLAN_INTERVAL_S,
-            "tool_kv": tool_kv, "share_prompt": share_prompt, "rollplan_backend": "greedy",
-            "rollplan_time_limit_s": 0.02, "seed": seed,
+            "tool_kv": tool_kv, "share_prompt": share_prompt, **planner_setting(),
+            "seed": seed,
         },
         "matrix": {
             "traces": list(names),

@@ -188,8 +188,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         groups: Annotated[int, typer.Option("--groups", min=1, help="Prompts per batch (builtin/swebench).")] = 32,
         samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per prompt (builtin/swebench).")] = 8,
         data: Annotated[Path, typer.Option("--data", help="Shared data folder (for --workload swebench).")] = DEFAULT_DATA,
-        backend: Annotated[str, typer.Option("--backend", help="rollplan's planner backend.")] = "greedy",
-        time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="rollplan: seconds per plan.")] = 0.05,
+        backend: Annotated[str, typer.Option("--backend", help="rollplan's planner backend (the executor's default).")] = "milp",
+        time_limit: Annotated[float, typer.Option(
+            "--time-limit", min=0.001,
+            help="rollplan: seconds per plan, a deterministic work budget; each plan takes effect this long after "
+                 "the state it was solved on (the solve is charged in simulated time).")] = 1.0,
         replan_interval: Annotated[float, typer.Option("--replan-interval", min=0.0, help="Seconds between re-plans.")] = 120.0,
         pd: Annotated[str, typer.Option("--pd", help="static-disagg P:D split (and formula-pd's start).")] = "1:3",
         fold_tool_s: Annotated[float, typer.Option("--fold-tool-s", min=0.0, help="Simulator segment folding.")] = 30.0,

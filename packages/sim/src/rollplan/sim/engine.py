@@ -759,6 +759,7 @@ class Policy(Protocol):
 
     def attach(self, sim: Simulator) -> None: ...
     def on_replan(self, sim: Simulator, reason: str) -> None: ...
+    def on_plan_ready(self, sim: Simulator, token: int) -> None: ...
     def order(self, sim: Simulator) -> Iterable[int]: ...
     def enqueued(self, sim: Simulator, j: int) -> None: ...
     def choose_slot(self, sim: Simulator, j: int) -> int | None: ...
@@ -839,6 +840,7 @@ class Simulator:
         self._tick_pending = False
         self._idle_ticks = 0  # interval ticks in a row that found nothing changed (see _on_replan_tick)
         self._tick_mark: tuple[int, ...] = ()
+        self._plans_landed = 0  # PLAN_READY events handled (``_activity_mark``)
         self.cat_counts: dict[str, int] = {}
         self._out: list[Event] = []  # events caused by policy commands; the main loop drains it
         self.live: list[SlotState] = []  # present slots, by index
@@ -927,9 +929,10 @@ class Simulator:
             EvKind.DEADLINE: self._on_deadline,
             EvKind.TRAIN_DONE: self._on_driver,
             EvKind.BATCH_START: self._on_driver,
+            EvKind.PLAN_READY: self._on_plan_ready,
             EvKind.REPLAN: self._on_replan_tick,
         }
-        handlers = [by_kind[k] for k in sorted(by_kind)]  # indexed by kind (the values are 0..8)
+        handlers = [by_kind[k] for k in sorted(by_kind)]  # indexed by kind (the values are 0..9)
         end = self.end_time
         heap = q._heap
         pop = heapq.heappop
@@ -1920,12 +1923,29 @@ class Simulator:
     def _on_driver(self, ev: Event) -> list[Event]:
         return self.driver.on_event(self, ev)
 
+    def call_policy_at(self, delay: float, token: int) -> None:
+        """Policy command: call ``policy.on_plan_ready(sim, token)`` ``delay`` seconds from now (a PLAN_READY
+        event). A policy whose decision takes time to compute (a solve) computes it on the state at ``now`` and
+        applies it then, so the time it took is charged in simulated time while the slots keep running."""
+        self._out.append(self.q.make(self.now + max(0.0, delay), EvKind.PLAN_READY, token, 0))
+
+    def _on_plan_ready(self, ev: Event) -> list[Event]:
+        """A PLAN_READY event: the policy applies the decision it computed earlier (its commands' events land in
+        ``_out``); pending trajectories are re-dispatched at the end of the instant."""
+        self._plans_landed += 1
+        if not self.stopped:
+            self.policy.on_plan_ready(self, ev.a)
+            self._dirty = True
+        return []
+
     def _activity_mark(self) -> tuple[int, ...]:
         """Counters that move whenever anything happens: events handled (made minus queued), slot changes
         (role, readiness, presence, deadline), trajectory epochs and admissions, the pending queue, completions,
-        the batch. Equal marks one tick apart (the tick itself aside) mean nothing happened in between."""
+        the batch. Equal marks one tick apart (the tick itself aside) mean nothing happened in between. A plan
+        landing (PLAN_READY) is not counted as an event: what it changes moves the other counters, and one
+        that changes nothing is no progress (a policy whose every plan fails would otherwise never idle)."""
         q = self.q
-        return (q._seq - len(q._heap), self.slot_epoch, self._epoch, self._admit, self._pseq, self.n_pending,
+        return (q._seq - len(q._heap) - self._plans_landed, self.slot_epoch, self._epoch, self._admit, self._pseq, self.n_pending,
                 self.batch_left, self.batch)
 
     def _nothing_runs(self) -> bool:

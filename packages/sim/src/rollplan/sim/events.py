@@ -9,8 +9,9 @@ Why this kind order, at equal times: work that completes at ``t`` is credited be
 away (a segment that ends exactly when its slot leaves counts); KV that arrives is installed before tools
 return and compete for the same memory; a slot finishing its switch is usable by whatever happens at ``t``;
 availability changes are applied before deadlines are enforced (a NOTICE can arrive at its own deadline);
-the RL loop (training done, next batch) runs after the state at ``t`` is final; re-plans come last so they
-see everything that happened at ``t``.
+the RL loop (training done, next batch) runs after the state at ``t`` is final; a plan whose solve ends at
+``t`` is applied next, and re-plans come last so they see everything that happened at ``t`` (a plan applied
+included).
 
 Handlers (in ``rollplan.sim.engine``) take one event and *return* the new events it causes; the main loop
 pushes them. Payload meaning per kind: see ``EvKind``.
@@ -30,7 +31,8 @@ class EvKind(IntEnum):
     TOOL_DONE (trajectory index, epoch); ACTION_DONE (slot index, action epoch); AVAIL (index into the
     scenario's availability events, -1 for lending events: b then indexes the driver's lending events);
     DEADLINE (slot index, slot presence epoch); TRAIN_DONE (training step index, 0); BATCH_START (batch index,
-    0); REPLAN (0, 0).
+    0); PLAN_READY (the policy's plan token, 0): a plan solved earlier takes effect now (its solve time is
+    charged in simulated time, see ``Simulator.call_policy_at``); REPLAN (0, 0).
     """
 
     SEG_DONE = 0
@@ -41,7 +43,8 @@ class EvKind(IntEnum):
     DEADLINE = 5
     TRAIN_DONE = 6
     BATCH_START = 7
-    REPLAN = 8
+    PLAN_READY = 8
+    REPLAN = 9
 
 
 class Event(NamedTuple):

@@ -98,6 +98,10 @@ class BasePolicy:
     def decide(self, sim: Simulator, reason: str) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
+    def on_plan_ready(self, sim: Simulator, token: int) -> None:
+        """A decision asked for with ``sim.call_policy_at`` takes effect (only policies that solve use it)."""
+        return None
+
     def order(self, sim: Simulator) -> Iterable[int]:
         """Pending trajectories in dispatch order (default FCFS)."""
         return sim.iter_pending()
@@ -373,23 +377,6 @@ def _group_floors(live: Sequence[Any], progress: Sequence[tuple[float, int, floa
     return floors
 
 
-class _CountingClock:
-    """A deterministic clock for the planner: every read advances it by ``step`` seconds.
-
-    The planner honours its time limit through ``PlannerConfig.clock``; with a wall clock, how far a search
-    gets depends on machine load, so two replays with the same seed could differ. Counting clock reads makes
-    the budget a work budget instead (same inputs, same plan).
-    """
-
-    def __init__(self, step: float = 2e-4) -> None:
-        self.t = 0.0
-        self.step = step
-
-    def __call__(self) -> float:
-        self.t += self.step
-        return self.t
-
-
 class RollplanPolicy(BasePolicy):
     """``rollplan.solver.plan`` on the simulator's state, seen through predictions.
 
@@ -401,13 +388,22 @@ class RollplanPolicy(BasePolicy):
     says), switch slots to PREFILL / OFF last. Between re-plans, pending trajectories are dispatched
     longest-predicted-first (mean + ``DISPATCH_Z`` spreads) to the slot the plan placed them on (any fitting
     slot if that one is full).
-    ``deterministic``: the planner's clock counts reads (see ``_CountingClock``).
+
+    Defaults are the executor's (``ExecutorConfig.planner_backend`` / ``planner_time_limit``: milp, 1 s), so
+    a replay measures the planner users run. ``deterministic``: ``PlannerConfig(deterministic=True)`` (the
+    time limit is a work budget; the same state gives the same plan whatever the machine's load).
+    ``charge_solve``: a plan is computed on the state at the re-plan and takes effect ``time_limit`` seconds
+    later (``Simulator.call_policy_at``), while the slots keep running and pending trajectories keep being
+    dispatched by the previous plan; re-plans asked for meanwhile are coalesced into one, made when it lands
+    (the executor's controller, too, plans one snapshot at a time and queues the reasons that come in). The
+    time limit is what is charged, not the measured solve: it is deterministic and it bounds the executor's
+    solve, which honours the same limit.
     """
 
     name = "rollplan"
 
-    def __init__(self, backend: str = "greedy", time_limit: float = 0.02, switch_weight: float = 0.01,
-                 deterministic: bool = True, kv_headroom: float = KV_HEADROOM,
+    def __init__(self, backend: str = "milp", time_limit: float = 1.0, switch_weight: float = 0.01,
+                 deterministic: bool = True, charge_solve: bool = True, kv_headroom: float = KV_HEADROOM,
                  bulk_headroom: float = BULK_HEADROOM, critical_headroom: float = CRITICAL_HEADROOM,
                  bulk_share: float = BULK_SHARE) -> None:
         from rollplan.sim.predict import Predictor
@@ -421,6 +417,12 @@ class RollplanPolicy(BasePolicy):
         self.time_limit = time_limit
         self.switch_weight = switch_weight
         self.deterministic = deterministic
+        self.charge_solve = charge_solve
+        # A plan being solved (``charge_solve``): its token and what applying it does; re-plans asked for
+        # while it is solved (their reasons).
+        self._token = 0
+        self._solving: tuple[int, int, Any] | None = None
+        self._asked: list[str] = []
         # The decision core's admission rule (rollplan.policy.dispatch); kv_headroom = 0: no headroom rule at
         # all (the engine's watermark alone).
         self.headrooms = Headrooms(kv_headroom, bulk_headroom, critical_headroom)
@@ -457,7 +459,8 @@ class RollplanPolicy(BasePolicy):
             perf=self._spec_provider(sim) if sim.cfg.spec_tokens else (lambda gpu, tp: sim.perf_for(gpu, tp).perf),
             mem_util=sim.cfg.mem_util,
             role_switch_seconds=sim.cfg.role_switch_s,
-            clock=_CountingClock() if self.deterministic else time.perf_counter,
+            clock=time.perf_counter,
+            deterministic=self.deterministic,
         )
         self.planner = self._Planner(cfg)
 
@@ -619,6 +622,12 @@ class RollplanPolicy(BasePolicy):
 
     def on_replan(self, sim: Simulator, reason: str) -> None:
         self._new_batch(sim)
+        if self._solving is not None:
+            # A plan is being solved: this re-plan waits for it (and sees what it changed).
+            if self._solving[1] == sim.batch:
+                self._asked.append(reason)
+                return
+            self._solving = None  # its batch ended: dropped
         if not sim.batch_active or not self._worth_replanning(sim, reason):
             return
         self._last_plan_t = sim.now
@@ -632,8 +641,6 @@ class RollplanPolicy(BasePolicy):
 
     def decide(self, sim: Simulator, reason: str) -> None:
         from rollplan.models.errors import RollplanError
-        from rollplan.models.types import ActionKind
-        from rollplan.solver.core.bounds import BOUND_WORK
 
         if not sim.live:
             return
@@ -645,9 +652,43 @@ class RollplanPolicy(BasePolicy):
         if sim.cfg.spec_tokens:
             self._spec_a = self._spec_acceptance(sim)
         try:
-            plan = self.planner.replan(snap)
+            plan: Any = self.planner.replan(snap)
+            self.last_gap = plan.gap
+            self.last_status = plan.status.value
         except RollplanError as err:
+            plan = err
             self.last_status = "error"
+        if self.charge_solve and self.time_limit > 0:
+            self._token += 1
+            self._solving = (self._token, sim.batch, plan)
+            sim.call_policy_at(self.time_limit, self._token)
+        else:
+            self._apply(sim, plan)
+
+    def on_plan_ready(self, sim: Simulator, token: int) -> None:
+        """The plan solved ``time_limit`` seconds ago takes effect (``charge_solve``), unless its batch ended;
+        then the re-plans asked for meanwhile, as one (their reasons joined)."""
+        solving = self._solving
+        if solving is None or solving[0] != token:
+            return
+        self._solving = None
+        if solving[1] == sim.batch and sim.batch_active:
+            self._apply(sim, solving[2])
+        asked, self._asked = self._asked, []
+        if asked and sim.batch_active:
+            self.on_replan(sim, "+".join(dict.fromkeys("+".join(asked).split("+"))))
+
+    def _apply(self, sim: Simulator, plan: Any) -> None:
+        """Carry out ``plan`` (or, for a planning error, the fallback) on the simulator's state now. The state
+        may have moved since the snapshot it was solved on: commands on trajectories that finished or slots
+        that left are no-ops (``Simulator.set_role`` / ``migrate`` check), placements only steer trajectories
+        still pending."""
+        from rollplan.models.errors import RollplanError
+        from rollplan.models.types import ActionKind
+        from rollplan.solver.core.bounds import BOUND_WORK
+
+        if isinstance(plan, RollplanError):
+            err = plan
             if any(s.present and s.role in DECODING for s in sim.slots):
                 log.warning("rollplan policy: no plan at t=%.1f (%s); keeping the current state", sim.now, err)
                 return
@@ -658,8 +699,6 @@ class RollplanPolicy(BasePolicy):
                 if sl.present and sl.return_by is None and self.may_use(sl):
                     sim.set_role(sl.idx, Role.MIXED)
             return
-        self.last_gap = plan.gap
-        self.last_status = plan.status.value
         # Bound by its bulk: the plan's work/capacity bound reaches BULK_SHARE of the pessimistic critical path
         # (the same mean + DISPATCH_Z spreads the dispatch order uses; the plan's own critical-path bound uses
         # the means, which the longest of a group's samples exceeds).
@@ -669,6 +708,8 @@ class RollplanPolicy(BasePolicy):
         by_id = {t.spec.id: t for t in sim.trajs}
         # 1. Slots that will decode: bring them up first (their engines start now).
         for sid, role in plan.roles.items():
+            if sid not in index:
+                continue
             s = sim.slots[index[sid]]
             if role.decodes and (role is not s.role or s.engine is not EngineState.WARM):
                 sim.set_role(s.idx, role)
@@ -681,13 +722,15 @@ class RollplanPolicy(BasePolicy):
                 sim.migrate(t.idx, index[a.target], by_kv=a.kind is ActionKind.MIGRATE_KV)
         # 3. Slots leaving decode (PREFILL / OFF) last, once their trajectories moved.
         for sid, role in plan.roles.items():
+            if sid not in index:
+                continue
             s = sim.slots[index[sid]]
             if not role.decodes and role is not s.role:
                 sim.set_role(s.idx, role)
         # 4. Where pending trajectories should start.
         for tid, sid in plan.placement.items():
             t = by_id.get(tid)
-            if t is not None and t.slot < 0:
+            if t is not None and t.slot < 0 and sid in index:
                 t.preferred = index[sid]
 
     def enqueued(self, sim: Simulator, j: int) -> None:
