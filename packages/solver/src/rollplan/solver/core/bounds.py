@@ -372,6 +372,37 @@ class _HeadFill:
         return out
 
 
+class _PoolFill:
+    """The fill pool of ``work_head``'s pooled heads, for slot weights ``v``: per trajectory j its least
+    weighted c-priced cost min_k v_k c_k D_j and its largest weighted occupancy max_k v_k a_k O_jk w_jk over
+    the types it fits, sorted by value / cost (decreasing). ``most(B)``: G(B), the most weighted occupancy
+    any set of trajectories, each counted once, holds for a total weighted cost B (a fractional knapsack;
+    concave, piecewise linear). ``cost_at(r)``: the cost of every item whose ratio is >= r (where G's slope
+    falls below r)."""
+
+    def __init__(self, x: InstanceArrays, fit: np.ndarray, v: np.ndarray) -> None:
+        a_t, c_t = x.a[x.rep], x.c[x.rep]
+        occw = np.stack([pricing.occupancy_work(x.D, x.W, x.kbar, x.tau[r], x.kv[r]) for r in x.rep])
+        cost = np.where(fit, (v * c_t)[:, None] * x.D[None, :], np.inf).min(axis=0)
+        value = np.where(fit, (v * a_t)[:, None] * occw, 0.0).max(axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(cost > 0, value / cost, np.where(value > 0, np.inf, 0.0))
+        order = np.argsort(-ratio, kind="stable")
+        self.cost, self.value, self.ratio = cost[order], value[order], ratio[order]
+        self.cum_cost = np.concatenate([[0.0], np.cumsum(self.cost)])
+        self.cum_value = np.concatenate([[0.0], np.cumsum(self.value)])
+
+    def most(self, budget: np.ndarray) -> np.ndarray:
+        b = np.clip(budget, 0.0, self.cum_cost[-1])
+        i = np.minimum(np.searchsorted(self.cum_cost, b, side="right") - 1, self.cost.size - 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.where(self.cost[i] > 0, (b - self.cum_cost[i]) / self.cost[i], 1.0)
+        return self.cum_value[i] + np.clip(frac, 0.0, 1.0) * self.value[i]
+
+    def cost_at(self, r: np.ndarray) -> np.ndarray:
+        return self.cum_cost[np.searchsorted(-self.ratio, -r, side="right")]
+
+
 def _work_head_weighted(
     x: InstanceArrays,
     dec: np.ndarray,
@@ -401,6 +432,19 @@ def _work_head_weighted(
     st_min = float(x.stlb.min())
     n_slots = x.stlb.size
     ends = x.deadline if on_time else np.full(x.stlb.shape, math.inf)
+    pool = _PoolFill(x, fit, v)
+
+    def pooled(C: float, hosts: np.ndarray) -> float:
+        """The pooled heads of the slots hosting one of the k longest, at least (module docstring), over k."""
+        room = v_max * (C - st_min) - va_min * d_sorted  # a host's weighted c-priced room, at most
+        if (room <= 0).any():
+            return 0.0
+        above = np.concatenate([[0.0], np.cumsum(layer * hosts)[:-1]])  # A_k: the layers above D_k
+        # g(n) = va (A_k + D_k n) - G(n room_k - va A_k) is convex in n: least at the clipped stationary n.
+        n = (pool.cost_at(va_min * d_sorted / room) + va_min * above) / room
+        n = np.minimum(np.maximum(n, hosts), float(n_slots))
+        g = va_min * (above + d_sorted * n) - pool.most(n * room - va_min * above)
+        return max(0.0, float(g.max()))
 
     def feasible(C: float) -> bool:
         cap = float((weight * np.clip(np.minimum(C, ends) - x.stlb, 0.0, None)).sum())
@@ -424,6 +468,8 @@ def _work_head_weighted(
         least_head = np.minimum.accumulate(fill.head(C, d_sorted, v))
         fill_layer = least_head - np.concatenate([least_head[1:], [0.0]])
         filled = float((fill_layer * hosts).sum())  # sum_s v_s a_s h_s(M_s), the same layer cake
+        if cap < totals[0] + pooled(C, hosts):  # theta = 0: the heads of the long trajectories' hosts
+            return False
         return all(
             cap >= w + theta * head + (1.0 - theta) * filled for theta, w in zip(HEAD_THETAS, totals, strict=True)
         )

@@ -28,6 +28,8 @@ from rollplan.solver.search.state import SlotState
 
 PROBES = 3
 """Least loaded slots of each role tried as move targets per trajectory (``repair``)."""
+SWAP_PROBES = 8
+"""Least loaded slots of each role whose members are tried as swap partners (``repair``)."""
 EPS = 1e-9
 
 
@@ -147,8 +149,13 @@ def repair(
     until: float | None,
     clock: Callable[[], float],
     max_moves: int = 20000,
+    wide: bool = False,
 ) -> int:
-    """Improve ``state`` in place by moves and swaps off the worst slots (see the module docstring)."""
+    """Improve ``state`` in place by moves and swaps off the worst slots (see the module docstring).
+
+    ``wide``: swap with any member of the ``SWAP_PROBES`` least loaded slots per role (``_wide_swap``)
+    instead of the 4 longest on s with the 4 shortest on the ``PROBES`` targets: a larger neighbourhood,
+    ~10x the work per stalled slot (the final polish, ``pipeline.solve_large``)."""
     p = state.prep
     decode_slots = [s for s, r in enumerate(state.roles) if r.decodes]
     if len(decode_slots) < 2:
@@ -165,7 +172,7 @@ def repair(
         target_slot = over_slots[0] if over_slots else worst
         if target_slot < 0 or target_slot in stalled or level >= cur:
             break  # the PREFILL level (or nothing) sets the makespan: moves between decode slots cannot help
-        if not _improve_slot(state, target_slot, decode_slots, max(second, level), over=bool(over_slots)):
+        if not _improve_slot(state, target_slot, decode_slots, max(second, level), over=bool(over_slots), wide=wide):
             stalled.add(target_slot)
             if not over_slots:
                 break
@@ -175,7 +182,9 @@ def repair(
     return moves
 
 
-def _improve_slot(state: SlotState, s: int, decode_slots: Sequence[int], floor: float, *, over: bool) -> bool:
+def _improve_slot(
+    state: SlotState, s: int, decode_slots: Sequence[int], floor: float, *, over: bool, wide: bool = False
+) -> bool:
     """One improving move or swap of a trajectory on ``s``; True if made."""
     p = state.prep
     fin = state.finish
@@ -202,7 +211,7 @@ def _improve_slot(state: SlotState, s: int, decode_slots: Sequence[int], floor: 
                 best = (gain, j, t, -1)
         if best is not None:
             break  # the longest movable trajectory: good enough, keeps each step O(targets)
-    if best is None and not over:
+    if best is None and not over and not wide:
         # Swaps: j (long, on s) with i (shorter, on t).
         for j in members[:4]:
             for t in targets:
@@ -226,6 +235,8 @@ def _improve_slot(state: SlotState, s: int, decode_slots: Sequence[int], floor: 
                         best = (gain, j, t, i)
             if best is not None:
                 break
+    if best is None and not over and wide:
+        best = _wide_swap(state, s, by_role, members, floor)
     if best is None:
         return False
     _, j, t, i = best
@@ -235,6 +246,42 @@ def _improve_slot(state: SlotState, s: int, decode_slots: Sequence[int], floor: 
         state.add(i, s)
     state.add(j, t)
     return True
+
+
+def _wide_swap(
+    state: SlotState, s: int, by_role: dict[Role, list[int]], members: Sequence[int], floor: float
+) -> tuple[float, int, int, int] | None:
+    """The best swap of the first (longest) j on s that has one, with any i on one of the ``SWAP_PROBES``
+    least loaded slots of each role, either side priced in O(1) (``SlotState.exchanges``): (gain, j, t, i)."""
+    p = state.prep
+    fin = state.finish
+    cur = fin[s]
+    swap_targets: list[int] = []
+    for lst in by_role.values():
+        swap_targets += heapq.nsmallest(SWAP_PROBES, lst, key=fin.__getitem__)
+    out_of_s = state.exchanges(s)
+    priced = [(t, state.exchanges(t), state.members[t]) for t in swap_targets]
+    fits = p.fits
+    fits_s = fits[p.ptype[s]]
+    best: tuple[float, int, int, int] | None = None
+    for j in members:
+        for t, into_t, partners in priced:
+            if not fits[p.ptype[t]][j]:
+                continue
+            for i in partners:
+                if not fits_s[i]:
+                    continue
+                f_s = out_of_s(j, i)
+                if f_s >= cur - EPS:
+                    continue  # s must finish earlier for the makespan to drop
+                f_t = into_t(i, j)
+                sw = (p.move(j, t) - p.move(i, t)) * p.tp[t] + (p.move(i, s) - p.move(j, s)) * p.tp[s]
+                gain = _gain(state, s, t, cur, f_s, fin[t], f_t, floor, sw)
+                if gain > EPS and (best is None or gain > best[0]):
+                    best = (gain, j, t, i)
+        if best is not None:
+            break
+    return best
 
 
 def _gain(

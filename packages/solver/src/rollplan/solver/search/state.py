@@ -151,6 +151,49 @@ class SlotState:
 
         return without
 
+    def exchanges(self, s: int) -> Callable[[int, int], float]:
+        """(out, in_) -> T_s if member ``out`` left s and non-member ``in_`` joined it, in O(1) per pair
+        (top-2 of D and Q taken once, as ``finishes_without``): the price of one side of a swap."""
+        p = self.prep
+        k = p.ptype[s]
+        mem = self.members[s]
+        d1 = d2 = c1 = c2 = 0.0
+        dj = cj = -1
+        cps = self.q[s]
+        for i in mem:
+            d = p.D[i]
+            if d > d1:
+                d1, d2, dj = d, d1, i
+            elif d > d2:
+                d2 = d
+            c = cps[i]
+            if c > c1:
+                c1, c2, cj = c, c1, i
+            elif c > c2:
+                c2 = c
+        st, sum_d, occ, extra, stall = self.st[s], self.sum_d[s], self.occ[s], self.extra[s], self.stall[s]
+        occ_k = p.occw[k]
+        ex_k = p.mix[k] if self.mixed[s] else p.dec[k]
+        a, c, phic, phi, move, D = p.a[s], p.c[s], p.phic[s], p.phi, p.move, p.D
+
+        def exchanged(out: int, in_: int) -> float:
+            md = d2 if out == dj else d1
+            di = D[in_]
+            cp = c2 if out == cj else c1
+            qi = cps[in_]
+            own_in, own_out = ex_k[in_], ex_k[out]
+            return slot_time(
+                st, a, c, phic, phi,
+                sum_d - D[out] + di,
+                md if md > di else di,
+                occ - occ_k[out] + occ_k[in_],
+                extra - (own_out + move(out, s)) + (own_in + move(in_, s)),
+                cp if cp > qi else qi,
+                stall - own_out + own_in,
+            )
+
+        return exchanged
+
     def add(self, j: int, s: int) -> None:
         p = self.prep
         k = p.ptype[s]
