@@ -162,6 +162,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     else:
         register_workload(app)
     register_pd_crossover(bench)
+    register_sensitivity(bench)
 
     @app.command("replay")
     def replay_cmd(
@@ -523,3 +524,31 @@ def register_pd_crossover(bench: typer.Typer) -> None:
         for row in table_rows(doc):
             t.add_row(*row)
         Console(stderr=True, width=150).print(t)
+
+
+def register_sensitivity(bench: typer.Typer) -> None:
+    """Add ``bench sensitivity`` (rollplan.sim.bench_sensitivity)."""
+
+    @bench.command("sensitivity")
+    def bench_sensitivity_cmd(
+        data: Annotated[Path, typer.Option("--data", help="Shared data folder (SWE-bench agent traces).")] = DEFAULT_DATA,
+        hours: Annotated[float, typer.Option("--hours", min=0.5, help="Length of each held-out replay.")] = 4.0,
+        jobs: Annotated[int, typer.Option("--jobs", min=1, help="Worker processes (same results).")] = 2,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the JSON only.")] = False,
+    ) -> None:
+        """The rollplan policy's dispatch/admission constants, each moved alone, on held-out scenarios."""
+        from rollplan.sim.bench_sensitivity import run_sensitivity, table_rows
+
+        doc = run_sensitivity(data, hours=hours, jobs=jobs)
+        print(json.dumps(doc, indent=1))
+        if as_json:
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title="bench sensitivity: rollplan tokens/s over its defaults, held-out scenarios")
+        for col in ("constant", "default -> value", *doc["setting"]["scenarios"], "median"):
+            t.add_column(col, justify="right")
+        for row in table_rows(doc):
+            t.add_row(*row)
+        Console(stderr=True, width=200).print(t)

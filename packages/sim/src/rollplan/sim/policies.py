@@ -405,7 +405,8 @@ class RollplanPolicy(BasePolicy):
     def __init__(self, backend: str = "milp", time_limit: float = 1.0, switch_weight: float = 0.01,
                  deterministic: bool = True, charge_solve: bool = True, kv_headroom: float = KV_HEADROOM,
                  bulk_headroom: float = BULK_HEADROOM, critical_headroom: float = CRITICAL_HEADROOM,
-                 bulk_share: float = BULK_SHARE) -> None:
+                 bulk_share: float = BULK_SHARE, critical_share: float = CRITICAL_SHARE,
+                 dispatch_z: float = DISPATCH_Z) -> None:
         from rollplan.sim.predict import Predictor
         from rollplan.solver import BACKENDS, Planner, PlannerConfig
 
@@ -429,6 +430,8 @@ class RollplanPolicy(BasePolicy):
         self.kv_headroom = kv_headroom
         self.critical_headroom, self.bulk_headroom = self.headrooms.levels(False)[0], self.headrooms.levels(True)[1]
         self.bulk_share = bulk_share
+        self.critical_share = critical_share
+        self.dispatch_z = dispatch_z
         # Predicted-critical trajectories (``CRITICAL_SHARE``): None = recompute from ``_cp`` when next needed;
         # their slots, cached for one instant (``_crit_slots_at``).
         self._crit: set[int] | None = None
@@ -513,7 +516,7 @@ class RollplanPolicy(BasePolicy):
             rem = self.predictor.remaining_raw(t.key, t.group, dec, pf_done, tool, turns, f[0], f[1], f[2])
         a = self._a_ref
         sds = rem[4]
-        self._cp[j] = pessimistic_path(rem[0], sds[0], rem[2], sds[2], a)
+        self._cp[j] = pessimistic_path(rem[0], sds[0], rem[2], sds[2], a, self.dispatch_z)
         self._note_source(t.key, t.group, j)
         return rem
 
@@ -742,7 +745,7 @@ class RollplanPolicy(BasePolicy):
             if self._crit is not None and j in self._informed:
                 if cp > self._cp_max:
                     self._crit = None
-                elif cp >= CRITICAL_SHARE * self._cp_max:
+                elif cp >= self.critical_share * self._cp_max:
                     self._crit.add(j)
                     self._crit_slots_at = -1.0
         heapq.heappush(self._heap, (-cp, sim.trajs[j].pseq, j))
@@ -778,7 +781,7 @@ class RollplanPolicy(BasePolicy):
             cp = self._cp
             inf = self._informed
             self._cp_max = max((v for k, v in cp.items() if k in inf), default=0.0)
-            self._crit = critical_set(cp, CRITICAL_SHARE, inf)
+            self._crit = critical_set(cp, self.critical_share, inf)
             self._crit_slots_at = -1.0
         return self._crit
 
@@ -995,8 +998,9 @@ def make_policy(name: str, **options: Any) -> BasePolicy:
         return ElasticPlus()
     if name == "rollplan":
         return RollplanPolicy(**{k: v for k, v in options.items()
-                                 if k in ("backend", "time_limit", "switch_weight", "deterministic", "kv_headroom",
-                                          "bulk_headroom", "critical_headroom", "bulk_share")})
+                                 if k in ("backend", "time_limit", "switch_weight", "deterministic", "charge_solve",
+                                          "kv_headroom", "bulk_headroom", "critical_headroom", "bulk_share",
+                                          "critical_share", "dispatch_z")})
     raise UnknownNameError("policy", name, POLICY_NAMES)
 
 
