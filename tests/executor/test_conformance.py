@@ -9,11 +9,21 @@ the same world (the two slots with the simulator's KV capacities, the same histo
 trajectories, the same batch) and the recorded finishes, and must admit the same trajectories to the same
 slots in the same order. Its engines are replaced at the routing boundary by stand-ins (``EngineHandle``s put
 in SERVING whose actors are never called): nothing generates; the controller only queues, orders and admits.
+
+The same holds for the rollplan policy's plan-dependent decisions: the simulator runs the rollplan policy
+(greedy planner, its solve charged) re-planning every 2 s, and records, besides admissions and finishes, when
+each plan was solved (with every unfinished trajectory's decode progress then) and when it took effect. The
+controller replays that: at each solve it takes its snapshot (which refreshes its dispatch keys: pessimistic
+paths and informed predictions) with the stand-in engines reporting the simulator's progress; at each landing
+it adopts and applies the recorded plan (the planner replaced at the planning boundary by the recording). It
+must admit the same trajectories to the same slots in the same order: plan placements preferred, the
+predicted-critical set, the bulk/critical regime and its headrooms, as the simulator's policy decided them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -21,10 +31,10 @@ from rollplan.executor.agent import RolloutItem, SamplingConfig, TrajectoryResul
 from rollplan.executor.config import EngineConfig, ExecutorConfig
 from rollplan.executor.controller import Controller
 from rollplan.executor.pool import EngineHandle, SlotRuntime
-from rollplan.models.types import Phase, Role
+from rollplan.models.types import Phase, Plan, Role
 from rollplan.policy.predict import Totals
 from rollplan.sim.engine import SimConfig, SimTraj
-from rollplan.sim.policies import ElasticPlus
+from rollplan.sim.policies import ElasticPlus, RollplanPolicy
 from rollplan.sim.replay import BatchSource, Scenario, run_policy
 
 PROMPTS = (5200, 3100, 4400, 2600, 6100, 3900, 2800, 4700, 3300, 5600, 3600, 4100)
@@ -176,3 +186,128 @@ def test_executor_admission_respects_the_slots_kv(policy: str) -> None:
     # rollplan: with no history nobody is predicted-critical (rollplan.policy.dispatch.INFORMED_SOURCES), so the
     # default headroom (30% of the slot) holds: two at a time.
     assert waves[0] == (3 if policy == "elastic-plus" else 2)
+
+
+class _RecordingRollplan(RollplanPolicy):
+    """The rollplan policy (greedy planner, its solve charged), recording its admissions, finishes and the
+    plans it applied (each at the instant it took effect), in order, with each entry's simulated time."""
+
+    def __init__(self) -> None:
+        super().__init__(backend="greedy", time_limit=0.02)
+        self.log: list[tuple[str, str, str]] = []
+        self.times: list[float] = []
+        self.plans: list[Plan] = []
+        self.progress: list[dict[str, float]] = []  # per solve: decode tokens done of each unfinished one
+
+    def decide(self, sim, reason) -> None:
+        from rollplan.sim.engine import DONE
+
+        self.progress.append({t.spec.id: sim.progress(t)[0] for t in sim.trajs if t.state != DONE})
+        self._note(sim, ("solve", str(len(self.progress) - 1), ""))
+        super().decide(sim, reason)
+
+    def _note(self, sim, entry: tuple[str, str, str]) -> None:
+        self.log.append(entry)
+        self.times.append(sim.now)
+
+    def choose_slot(self, sim, j):
+        slot = super().choose_slot(sim, j)
+        if slot is not None:
+            self._note(sim, ("admit", sim.trajs[j].spec.id, sim.slots[slot].id))
+        return slot
+
+    def on_traj_done(self, sim, j) -> None:
+        super().on_traj_done(sim, j)
+        self._note(sim, ("done", sim.trajs[j].spec.id, ""))
+
+    def _apply(self, sim, plan) -> None:
+        if isinstance(plan, Plan):
+            self.plans.append(plan)
+            self._note(sim, ("plan", str(len(self.plans) - 1), ""))
+        super()._apply(sim, plan)
+
+
+def _never_solved(*_args, **_kwargs) -> Plan:
+    """The controller's planner in the rollplan conformance run: the recorded plans are adopted directly."""
+    raise AssertionError("the recorded plans are adopted directly: the planner is never called")
+
+
+async def _execute_rollplan(pol: _RecordingRollplan, caps: dict[str, int]) -> list[tuple[str, str, str]]:
+    # The planner is replaced at the planning boundary by the simulator's recorded plans: at each recorded solve
+    # the controller takes its snapshot (which refreshes its dispatch keys), with the stand-in engines reporting
+    # the simulator's decode progress; each plan is adopted and applied (``Controller.adopt`` / ``apply``, as
+    # ``replan`` does after a solve) where the simulator applied it. Their actions (role switches on the
+    # simulated slots) are dropped: the stand-in engines serve MIXED already.
+    sim = pol.sim
+    ctl = Controller(ExecutorConfig(engine=EngineConfig(model="unused"), policy="rollplan", clock=lambda: 0.0,
+                                    gpu_kind="h800", perf=lambda gpu, tp: sim.perf_for(gpu, tp).perf),
+                     plan_fn=_never_solved)
+    ctl.autoplan = False
+    for sid in caps:
+        ctl.add_slot(_stand_in_slot(sid))
+        ctl.kv_capacity[sid] = caps[sid]
+    for k, (key, d) in enumerate(zip((f"p{i}" for i in range(len(PROMPTS))), DECODES, strict=True)):
+        ctl.predictor.observe(key, f"warm:{k}", Totals(float(d), 0.0, 0.0, 1.0))
+    ctl.start_batch()
+    runs = []
+    for i, p in enumerate(PROMPTS):
+        # A budget the predictions never reach: the simulator's policy knows none (its trajectories stop at their
+        # recorded length), so the controller's cap at the budget must not bind either.
+        item = RolloutItem(f"t{i}", (1,) * p, group=f"p{i}", max_turns=1,
+                           sampling=SamplingConfig(max_tokens=8 * max(DECODES)))
+        runs.append(TrajectoryRun(item=item, prompt_ids=[1] * p, context=[1] * p))
+    ctl.runs = {r.id: r for r in runs}
+    out: list[tuple[str, str, str]] = []
+    routes: list[asyncio.Task] = []
+    seen = 0
+
+    async def settle() -> None:
+        nonlocal seen
+        for _ in range(5):
+            await asyncio.sleep(0)
+        for rid, sid in ctl.admissions[seen:]:
+            out.append(("admit", rid, sid))
+        seen = len(ctl.admissions)
+
+    for kind, tid, _slot in pol.log:
+        if kind == "solve":
+            for rid, dec in pol.progress[int(tid)].items():
+                ctl.runs[rid].generated = dec  # type: ignore[assignment]  # the stand-ins' progress (fluid)
+            ctl.snapshot()
+            out.append((kind, tid, ""))
+        elif kind == "plan":
+            plan = dataclasses.replace(pol.plans[int(tid)], actions=())
+            ctl.adopt(plan)
+            await ctl.apply(plan)
+            out.append((kind, tid, ""))
+        elif kind == "done":
+            run = ctl.runs[tid]
+            run.phase = Phase.DONE
+            ctl.trajectory_finished(run, _result(run, DECODES[int(tid[1:])]))
+            out.append((kind, tid, ""))
+        else:
+            if not routes:  # the batch's trajectories queue once the slots serve (the first admission)
+                routes = [asyncio.create_task(ctl.route(r)) for r in runs]
+            if len(out) < len(pol.log) and out[-1:] != [("admit", tid, _slot)] and ("admit", tid, _slot) not in out:
+                await settle()
+    await settle()
+    await asyncio.gather(*routes)
+    return out
+
+
+def test_rollplan_plans_steer_the_same_admissions_in_both_adapters() -> None:
+    sc = Scenario("conformance-rollplan", BatchSource(_specs()), dedicated=2, max_batches=1, replan_interval_s=2.0,
+                  sim=SimConfig(fold_tool_s=0.0, mem_util=0.27, share_prompt=False))
+    pol = _RecordingRollplan()
+    pol.warm_start([(sp, sp.group) for sp in _specs()])
+    run = run_policy(sc, pol)
+    assert run.summary["trajectories_completed"] == len(PROMPTS)
+    caps = {s.id: s.kv_cap for s in pol.sim.slots}
+    admits = {t: s for k, t, s in pol.log if k == "admit"}
+    assert len(admits) == len(PROMPTS)
+    # Not vacuous: plans were applied mid-batch and placed pending trajectories; some admissions follow them.
+    assert len(pol.plans) >= 2
+    placed = {t: s for p in pol.plans for t, s in p.placement.items()}
+    assert sum(admits[t] == s for t, s in placed.items() if t in admits) >= 2
+    got = asyncio.run(_execute_rollplan(pol, caps))
+    assert got == pol.log

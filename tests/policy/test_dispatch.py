@@ -6,7 +6,8 @@ Invariants (hypothesis, brute force over the candidates):
   admits; the preferred slot is returned whenever it admits;
 - an empty slot with room for the trajectory and the watermark always admits it, whatever the headroom;
 - ``DispatchQueue`` yields the longest path first, first-queued first among equals, re-keys on a second push
-  and forgets discarded keys.
+  and forgets discarded keys; whatever the pushes (the same path again included) and discards, ``order()``
+  yields every live key exactly once.
 """
 
 from __future__ import annotations
@@ -75,6 +76,24 @@ def test_queue_orders_longest_first_then_fifo_rekeys_and_discards() -> None:
     q.push("d", 10.0)  # re-keyed: keeps its place among equals, moves by its new path
     q.discard("b")
     assert list(q.order()) == ["d", "a", "c"] and len(q) == 3 and "b" not in q
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcdef"), st.sampled_from([1.0, 2.0, 3.0]), st.booleans()), max_size=30))
+def test_queue_yields_every_live_key_once(ops: list[tuple[str, float, bool]]) -> None:
+    q: DispatchQueue[str] = DispatchQueue()
+    live: dict[str, float] = {}
+    for key, path, drop in ops:
+        if drop:
+            q.discard(key)
+            live.pop(key, None)
+        else:
+            q.push(key, path)
+            live[key] = path
+    got = list(q.order())
+    assert sorted(got) == sorted(live) and len(q) == len(live)
+    assert [live[k] for k in got] == sorted(live.values(), reverse=True)
+    assert list(q.order()) == got  # order() does not consume
 
 
 def test_paths_and_critical_set() -> None:

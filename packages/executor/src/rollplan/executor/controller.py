@@ -61,6 +61,7 @@ from rollplan.policy.dispatch import (
     critical_set,
     is_bulk_bound,
     pessimistic_path,
+    reference_step,
 )
 from rollplan.policy.predict import Predictor, Remaining, Totals
 from rollplan.solver.core.bounds import BOUND_WORK
@@ -137,6 +138,10 @@ class Controller:
         self.predictor = Predictor()
         self.batch = -1
         self._first_prediction: dict[str, tuple[float, float]] = {}
+        # Dispatch keys (pessimistic path, informed prediction) per unfinished run, as of the latest snapshot
+        # (``refresh_keys``) or, for a run queued since, of its queueing: the simulator's policy keeps the same
+        # cache (its ``_cp``), so both adapters order and guard with the same keys.
+        self._keys: dict[str, tuple[float, bool]] = {}
         self.previous: Plan | None = None
         self.stats = ControllerStats()
         self.autoplan = True
@@ -212,15 +217,38 @@ class Controller:
     # == dispatch and admission (rollplan.policy.dispatch) ====================================================
     def path(self, run: TrajectoryRun) -> float:
         """``run``'s pessimistic remaining critical path (its dispatch key), at the reference decode step of
-        the perf model of the slots' kind."""
-        rem = self.predict(run)
-        return pessimistic_path(rem.decode.mean, rem.decode.spread, rem.tool.mean, rem.tool.spread, self._step_s())
+        the perf model of the slots' kind, as of the latest snapshot (``refresh_keys``) or its queueing."""
+        return self._key(run)[0]
+
+    def _key(self, run: TrajectoryRun) -> tuple[float, bool]:
+        """(``path``, whether ``run``'s prediction is informed: ``INFORMED_SOURCES``), cached in ``_keys``."""
+        key = self._keys.get(run.id)
+        if key is None:
+            rem = self.predict(run)
+            key = self._keys[run.id] = (
+                pessimistic_path(rem.decode.mean, rem.decode.spread, rem.tool.mean, rem.tool.spread, self._step_s()),
+                rem.source in INFORMED_SOURCES,
+            )
+        return key
+
+    def refresh_keys(self) -> None:
+        """Recompute every unfinished run's dispatch key from the predictor now and re-key the waiting queue.
+        Called when a snapshot is taken (``snapshot``: each plan is solved on fresh predictions); between
+        snapshots the keys stay as they were, so an admission does not re-predict every trajectory. New keys
+        can change who is admitted (the order, the predicted-critical set): admission runs again."""
+        self._keys = {}
+        for r in self.runs.values():
+            if r.phase is not Phase.DONE:
+                path = self._key(r)[0]
+                if r.id in self.waiting:
+                    self.waiting.push(r.id, path)
+        self._schedule_admission()
 
     def _step_s(self) -> float:
         perf = self.config.perf
         try:
             model = perf(self.config.gpu_kind, 1) if perf is not None else None
-            return float(model.decode_step_time(8, 1024.0)) if model is not None else 0.02
+            return reference_step(model) if model is not None else 0.02
         except Exception:  # a provider that does not know the kind: any positive step keeps the order
             return 0.02
 
@@ -277,8 +305,9 @@ class Controller:
         if not len(self.waiting):
             return []
         live = [r for r in self.runs.values() if r.phase is not Phase.DONE]
-        paths = {r.id: self.path(r) for r in live}
-        informed = {r.id for r in live if self.predict(r).source in INFORMED_SOURCES}
+        keys = {r.id: self._key(r) for r in live}
+        paths = {k: v[0] for k, v in keys.items()}
+        informed = {k for k, v in keys.items() if v[1]}
         critical = critical_set(paths, informed=informed) if self.headrooms.default > 0 else set()
         made: list[tuple[str, str]] = []
         for rid in list(self.waiting.order()):
@@ -400,6 +429,7 @@ class Controller:
             first = self._first_prediction.pop(run.id, None)
             if first is not None:
                 self.predictor.spreads.add(first[0], first[1], decode)
+        self._keys.pop(run.id, None)
         fut = self._migrations.pop(run.id, None)
         if fut is not None and not fut.done():
             fut.set_result(None)
@@ -412,6 +442,7 @@ class Controller:
         self.batch += 1
         self.predictor.start_batch(self.batch)
         self._first_prediction = {}
+        self._keys = {}
         self.waiting = DispatchQueue()
         self._admitted = {}
         self._reserved = {}
@@ -435,7 +466,9 @@ class Controller:
 
     # == snapshot ===========================================================================================
     def snapshot(self) -> ClusterSnapshot:
-        """The planner's view now: usable slots and every trajectory of the current batch."""
+        """The planner's view now: usable slots and every trajectory of the current batch. Refreshes the
+        dispatch keys (``refresh_keys``) from the same predictions."""
+        self.refresh_keys()
         now = self.clock()
         slots = []
         for s in self.slots.values():
@@ -534,8 +567,16 @@ class Controller:
                 self.stats.planner_errors.append(f"{type(exc).__name__}: {exc}")
         if plan is None:
             plan = fallback_plan(snap, self.slots)
+        self.adopt(plan, time.perf_counter() - t)
+        return plan
+
+    def adopt(self, plan: Plan, seconds: float = 0.0) -> None:
+        """Make ``plan`` (solved in ``seconds``) the current one: counted, the previous plan of the next solve,
+        and the regime the admission headrooms follow (``rollplan.policy.dispatch.is_bulk_bound`` of its work
+        bound against the largest pessimistic path of the unfinished trajectories). Called by ``_plan`` after
+        each solve, before the plan is applied; synchronous (no await), so no admission runs in between."""
         self.stats.replans += 1
-        self.stats.plan_seconds.append(time.perf_counter() - t)
+        self.stats.plan_seconds.append(seconds)
         if self.headrooms.default > 0:  # the regime the admission headrooms follow (rollplan.policy.dispatch)
             paths = [self.path(r) for r in self.runs.values() if r.phase is not Phase.DONE]
             self._bulk_bound = is_bulk_bound(plan.bounds.get(BOUND_WORK, 0.0), max(paths, default=0.0))
@@ -546,12 +587,11 @@ class Controller:
                 "plan %s (%s, %.2fs): roles %s, placement %s, actions %s",
                 self.stats.replans,
                 plan.status.value,
-                time.perf_counter() - t,
+                seconds,
                 {k: v.value for k, v in plan.roles.items()},
                 dict(Counter(plan.placement.values())),
                 [f"{a.kind.value}:{a.slot}" for a in plan.actions],
             )
-        return plan
 
     # == applying ===========================================================================================
     async def apply(self, plan: Plan) -> None:

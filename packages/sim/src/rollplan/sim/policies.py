@@ -51,6 +51,7 @@ from rollplan.policy.dispatch import (
     critical_set,
     is_bulk_bound,
     pessimistic_path,
+    reference_step,
     required_room,
 )
 from rollplan.policy.dispatch import choose_slot as core_choose_slot
@@ -600,7 +601,7 @@ class RollplanPolicy(BasePolicy):
                 self.planner.reset()
             perf = next((s.perf for s in sim.live), None)
             if perf is not None:
-                self._a_ref = perf.decode(8, 16384.0)
+                self._a_ref = reference_step(perf.perf)
 
     def _worth_replanning(self, sim: Simulator, reason: str) -> bool:
         """Whether this invocation calls the planner. Interval ticks re-plan only when something the plan

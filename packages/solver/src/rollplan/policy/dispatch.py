@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
@@ -78,6 +78,24 @@ group's finished siblings or its prompt's history. Only such trajectories can be
 prior and the mean over every finished trajectory give every trajectory without information the same
 prediction, so "the longest predicted" would single out all of them (a batch of unseen prompts would have every
 trajectory critical and every admission held to the critical headroom)."""
+
+
+REF_STEP_BATCH = 8
+REF_STEP_KV = 16384.0
+"""The reference decode step that turns predicted decode tokens into seconds in ``path_j``: one step of
+``REF_STEP_BATCH`` sequences holding ``REF_STEP_KV`` KV tokens each (``reference_step``). Only the order of the
+paths and their ratios to one another (``CRITICAL_SHARE``, ``BULK_SHARE``) use it, so one fixed step of a
+loaded engine at an agentic context length serves every slot; both adapters use this one, so the same
+predictions give the same keys in the simulator and the executor."""
+
+
+class _DecodeStep(Protocol):
+    def decode_step_time(self, batch: int, kv_tokens: float) -> float: ...
+
+
+def reference_step(perf: _DecodeStep) -> float:
+    """Seconds of the reference decode step (``REF_STEP_BATCH``, ``REF_STEP_KV``) of ``perf``."""
+    return float(perf.decode_step_time(REF_STEP_BATCH, REF_STEP_KV))
 
 
 def pessimistic_path(decode: float, decode_spread: float, tool: float, tool_spread: float, step_s: float,
@@ -211,7 +229,14 @@ class DispatchQueue(Generic[K]):
         self._live.pop(key, None)
 
     def order(self) -> Iterator[K]:
-        valid = [(p, s, k) for p, s, k in self._heap if self._live.get(k) == (-p, s)]
+        # One heap entry per live key: a key pushed again with an unchanged path leaves two equal entries,
+        # both current; the key must still come out once.
+        seen: set[K] = set()
+        valid = []
+        for p, s, k in self._heap:
+            if k not in seen and self._live.get(k) == (-p, s):
+                seen.add(k)
+                valid.append((p, s, k))
         heapq.heapify(valid)
         self._heap = valid[:]
         while valid:
