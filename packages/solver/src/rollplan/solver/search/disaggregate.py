@@ -14,6 +14,8 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from rollplan.models.types import Role
 from rollplan.solver.core.tables import Tables
 from rollplan.solver.search.local import PROBES
@@ -117,6 +119,12 @@ def place_longest_first(
     return True
 
 
+PACK_LOOKBACK = 1
+"""Closed slots ``pack_decreasing`` still offers each trajectory (next-fit with this many earlier bins kept
+open). Measured on 256 H800 x 4,096 (deadlines family, seed 2; bisection to 14 rounds): makespan 92.07 with
+0, 91.40 with 1, 91.21 with 2 at 1.0 / 1.1 / 1.4x the packing time."""
+
+
 def pack_decreasing(
     prep: Tables,
     roles: Sequence[Role],
@@ -127,14 +135,22 @@ def pack_decreasing(
     clock: Callable[[], float],
     rounds: int = 14,
 ) -> SlotState | None:
-    """Next-fit-decreasing packing by remaining decode length, bisecting the target makespan in [lo, hi].
+    """Next-fit-decreasing packing by own time (critical path at batch 1 on the most common slot type, then
+    length), bisecting the target makespan in [lo, hi].
 
-    A slot's time is dominated by c sum D + a max(max D, occupancy): placing trajectories of similar length
-    together pays each slot's max D once for many of them, which longest-first spreading (one long
-    trajectory per slot) does not. Slots fill in order of start time up to min(target, deadline); the
-    best feasible packing found before ``until`` is returned (None if none).
+    A slot's time is the larger of its body, c sum D + a max(max D, occupancy) + extra, and its longest path,
+    max Q + phi (c sum D + sum e): placing trajectories of similar own time together pays each slot's head
+    (max D in the body, max Q in the path) once for many of them, which longest-first spreading (one long
+    trajectory per slot) does not; ordering by the critical path rather than the length alone groups the
+    long tool waits too (deadlines family, 256 x 4,096 seed 2: 95.02 by length, 92.07 by critical path).
+    Slots fill in order of start time up to min(target, deadline), the last ``PACK_LOOKBACK`` closed ones
+    still open; the best feasible packing found before ``until`` is returned (None if none).
     """
-    order = sorted(range(len(prep.D)), key=lambda j: -prep.D[j])
+    # By own time (CP on the most common slot type; ties by length): a slot's time is the larger of its body
+    # and its longest path, and a trajectory's own time bounds both from below.
+    k = int(np.bincount(np.asarray(prep.ptype, dtype=np.int64)).argmax()) if prep.ptype else 0
+    own = prep.cp[k] if prep.cp else []
+    order = sorted(range(len(prep.D)), key=lambda j: (-own[j], -prep.D[j]))
     slots = sorted((s for s, r in enumerate(roles) if r.decodes), key=lambda s: (prep.start(s, roles[s]), s))
     if not slots or not order:
         return None
@@ -167,7 +183,7 @@ def _pack_at(
         if n % 256 == 255 and clock() >= until:
             return None
         placed = False
-        i = cur
+        i = max(0, cur - PACK_LOOKBACK)  # the last closed slots stay open to shorter trajectories
         while i < len(slots):
             s = slots[i]
             if prep.fits[prep.ptype[s]][j] and state.finish_with(j, s) <= cap[i]:
