@@ -92,6 +92,33 @@ exceed its slot's body (deadline family), the heads alone miss it; it is strictl
 tiny family instances. Both head bounds report only what is above work and critical path (0 otherwise), and
 start their bisection there (the cost at 1,024 x 16,384: ~0.1 s).
 
+``co_running`` — what one slot can host by C, counted per slot (the other bounds pool the slots' time; a
+slot that starts late may hold time but no whole path). Per slot type k and role (MIXED / DECODE), for j
+fitting k: u_jk = c_k D_j + e_jk (``pricing.corunning_increment``: what j adds to each co-resident's path
+before phi), b_jk = dec_jk + e_jk (what j adds to its slot's body). A slot s hosting J_s has
+    T_s - st_s >= max_{j in J_s} (CP_js + phi sum_{i in J_s, i != j} u_is)    (Q_js + phi sum_i u_is)
+    T_s - st_s >= sum_{i in J_s} b_is    (max(max D, sum O w) >= sum O w; moves >= 0).
+So for any set L of trajectories, a slot hosting n members of L needs at least
+    R^L(n) = max( min_{j in L} (CP_j + phi sigma_{n-1}(L - j)), beta_n(L) ),
+sigma_m(X) the sum of the m smallest u over X and beta_n the n smallest b over L (each the least over the
+n-subsets; further members only add, u, b >= 0, so R grows with n). With L sorted by increasing u (rank r),
+sigma_{n-1}(L - j) = sigma_n - u_j when r_j <= n - 2 and sigma_{n-1} otherwise: R^L(n) for every n from one
+prefix minimum of CP - phi u and one suffix minimum of CP (``corunning_need``). Slot s then hosts at most
+N^M_s(C) (MIXED) or N^D_s(C) (DECODE) = #{n : stlb_s + R^L(n) <= min(C, d_s)} members of L (on time: the
+window ends at d_s). The DECODE-hosted ones need their prefill served: F members on DECODE slots carry at
+least Pi(F) prefill tokens (the F smallest P of L, convex in F), and the PREFILL slots serve at most
+sum_P mu_p (min(C, d_p) - stlb_p)^+ by C; every tangent of Pi gives F <= kappa_i + sum_P sigma_p / pi_i
+(pi_i = the (i + 1)-th smallest P, kappa_i = i - Pi(i) / pi_i). For any lam >= 0 the hosted count is then
+at most (Lagrangian relaxation of that constraint, each slot taking its best role)
+    H(C) = sum_s max(N^M_s, (1 - lam)^+ N^D_s, lam sigma_s / pi_i, 0) + lam kappa_i,
+minimised over the breakpoints in lam (convex, piecewise linear) and a few tangents (``most_fed``). Every
+member of L is hosted, so a makespan C needs H(C) >= |L|; the bound is the largest C shown to fail for one
+of the sets L = the k longest by least critical path (k on ``CORUN_LEVELS`` geometric points up to |J|),
+by bisection (H grows with C). Reason: a replay snapshot (9 warm, 4 lent and 7 cold slots, 61.4 s cold
+start, 256 alike trajectories) planned at 183.9 against bounds of 145.4 (work, path_head): a cold slot
+hosting one trajectory ends at 61.4 + its 118 s path, which no pooled bound sees; the count gives 165.7
+(and the plan, with the late slots as PREFILL, 171.3).
+
 ``lp`` — the LP relaxation of the MILP (``rollplan.solver.backends.milp.lp_bound``), when the caller hands it
 to ``compute_bounds`` (``plan()`` does for the exact backends when the budget allows): this module imports
 nothing above the core.
@@ -117,6 +144,7 @@ BOUND_CRITICAL_PATH = "critical_path"
 BOUND_LP = "lp_relaxation"
 BOUND_WORK_HEAD = "work_head"
 BOUND_PATH_HEAD = "path_head"
+BOUND_CORUNNING = "co_running"
 HEAD_THETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 HEAD_ALPHAS = (0.0, 0.5, 1.0)
 HEAD_BISECTIONS = 48
@@ -711,6 +739,152 @@ def _path_head_weighted(
     return _least_infeasible(feasible, st_min, floor)
 
 
+
+CORUN_LEVELS = 24
+"""Sets L (the k longest by least critical path) ``co_running`` checks: k on a geometric grid up to |J|."""
+
+
+def corunning_bound(inst: Instance, *, on_time: bool = False) -> float:
+    """The per-slot count of what a slot can host by C with its co-running stretch (``co_running`` in the
+    module docstring); 0 when it says nothing above the work and critical-path bounds.
+
+    ``on_time``: valid only for decisions that finish every slot by its deadline (windows end there).
+    Computed once per instance (O(levels x types x |J|) to build, O(levels x |S| log |J|) per bisection step).
+    """
+    if not len(inst.trajs) or not inst.slots:
+        return 0.0
+    key = ("corunning_bound", on_time)
+    return inst.memo(key, lambda: _corunning_bound(inst.arrays, inst.phi, on_time, _floor(inst, on_time)))
+
+
+def corunning_need(cp: np.ndarray, u: np.ndarray, b_sorted: np.ndarray, phi: float) -> np.ndarray:
+    """R(n), n = 1..|L|: the least T_s - st_s of a slot hosting n of the trajectories L (per trajectory, in
+    increasing ``u``: its critical path ``cp`` and co-running increment ``u``; ``b_sorted``: the body
+    increments, increasing; all on the slot's type and role; module docstring, ``co_running``), made
+    nondecreasing (it is, up to rounding)."""
+    if not cp.size:
+        return cp
+    sigma = np.concatenate([[0.0], np.cumsum(u)])  # sigma[n]: the n smallest u
+    lead_small = np.minimum.accumulate(cp - phi * u)  # [r]: min over ranks <= r of CP - phi u
+    lead_large = np.minimum.accumulate(cp[::-1])[::-1]  # [r]: min over ranks >= r of CP
+    n = np.arange(1, cp.size + 1)
+    path = lead_large[n - 1] + phi * sigma[n - 1]  # the leader ranks >= n - 1: its others are the n - 1 smallest
+    small = lead_small[np.maximum(n - 2, 0)] + phi * sigma[n]  # the leader among the n - 1 smallest
+    path = np.where(n >= 2, np.minimum(path, small), path)
+    return np.maximum.accumulate(np.maximum(path, np.cumsum(b_sorted)))
+
+
+def most_fed(mixed: np.ndarray, decode: np.ndarray, served: np.ndarray, counts: np.ndarray,
+             least_p: np.ndarray) -> float:
+    """An upper bound on the members of a set L that slots can host by C, each slot MIXED (at most ``mixed``
+    of them), DECODE (``decode``) or PREFILL (serving ``served`` prefill tokens), per slot group of
+    ``counts`` slots, when the DECODE-hosted members' prefill must be served: min over the Lagrangian
+    multipliers and the tangents of the least-prefill curve (``least_p``: prefix sums of L's sorted P) of
+    sum_s max(mixed_s, (1 - lam) decode_s, lam served_s / pi, 0) + lam kappa (module docstring)."""
+    plain = float((counts * np.maximum(mixed, decode)).sum())
+    if not (decode > mixed).any():
+        return plain
+    size = least_p.size - 1
+    steps = np.diff(least_p)  # the sorted P: p_(i+1) = steps[i]
+    best = plain
+    for i in sorted({0, size // 8, size // 4, size // 2, (3 * size) // 4}):
+        pi = float(steps[i])
+        if pi <= 0:
+            continue
+        kappa = i - float(least_p[i]) / pi  # F <= kappa + (served total) / pi
+        feed = served / pi
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cand = np.concatenate([
+                [0.0, 1.0],
+                np.where(decode > 0, (decode - mixed) / decode, 0.0),
+                np.where(feed > 0, mixed / feed, 0.0),
+                np.where(decode + feed > 0, decode / (decode + feed), 0.0),
+            ])
+        lam = np.unique(cand[np.isfinite(cand) & (cand >= 0)])
+        if lam.size > 64:  # any multiplier gives a valid bound: keep an even subset
+            lam = lam[np.linspace(0, lam.size - 1, 64).round().astype(np.int64)]
+        lam_col = lam[:, None]
+        per_slot = np.maximum(np.maximum(mixed, np.maximum(1.0 - lam_col, 0.0) * decode), lam_col * feed)
+        value = (per_slot * counts).sum(axis=1) + lam * kappa
+        best = min(best, float(value.min()))
+    return best
+
+
+def _corunning_bound(x: InstanceArrays, phi: float, on_time: bool, floor: float) -> float:
+    if not x.D.size or not x.stlb.size:
+        return 0.0
+    dec, fit = type_work(x)
+    a_t, c_t, mu_t, cross_t = x.a[x.rep], x.c[x.rep], x.mu[x.rep], x.cross[x.rep]
+    col = (slice(None), None)
+    cp = pricing.critical_path(x.D[None, :], x.W[None, :], x.P[None, :], a_t[col], c_t[col], mu_t[col])
+    cp_least = np.where(fit, cp, np.inf).min(axis=0)
+    if not np.isfinite(cp_least).all():
+        return 0.0  # a trajectory no slot fits: the instance is infeasible (checked elsewhere)
+    order = np.argsort(-cp_least, kind="stable")
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order] = np.arange(order.size)  # j is in the level of the k longest iff rank[j] < k
+    # Per (type, role): the fitting trajectories in increasing u (with their CP) and their b increasing,
+    # each with its rank, so that a level is a mask on these orders (no sort per level).
+    tables: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+    for t in range(a_t.size):
+        js = np.nonzero(fit[t])[0]
+        for mixed in (True, False):
+            e = pricing.stall_seconds(x.P[js], mixed, mu_t[t], cross_t[t])
+            u = pricing.corunning_increment(x.D[js], e, c_t[t])
+            b = dec[t][js] + e
+            by_u = np.argsort(u, kind="stable")
+            by_b = np.argsort(b, kind="stable")
+            tables[t, mixed] = (rank[js][by_u], cp[t][js][by_u], u[by_u], rank[js][by_b], b[by_b])
+    n_j = order.size
+    sizes = np.unique(np.round(np.geomspace(1.0, float(n_j), min(CORUN_LEVELS, n_j))).astype(np.int64))
+    sizes = np.unique(np.concatenate([sizes, [n_j]]))
+    p_by_rank = x.P[order]
+    # Slots grouped by (type, least start, deadline): every count is per group, times its size.
+    ends = x.deadline if on_time else np.full(x.stlb.shape, math.inf)
+    keys = np.stack([x.type_of.astype(float), x.stlb, ends], axis=1)
+    uniq, counts = np.unique(keys, axis=0, return_counts=True)
+    g_type, g_st, g_end = uniq[:, 0].astype(np.int64), uniq[:, 1], uniq[:, 2]
+    g_mup = x.mu_p[x.rep][g_type]
+    # Per level: per type the needs R(n) hosting as MIXED and as DECODE, and the prefix sums of the least P.
+    levels: list[tuple[int, dict[tuple[int, bool], np.ndarray], np.ndarray]] = []
+    for k in sizes.tolist():
+        needs = {}
+        for key, (r_u, cp_u, u, r_b, b) in tables.items():
+            in_u = r_u < k
+            needs[key] = corunning_need(cp_u[in_u], u[in_u], b[r_b < k], phi)
+        least_p = np.concatenate([[0.0], np.cumsum(np.sort(p_by_rank[:k], kind="stable"))])
+        levels.append((k, needs, least_p))
+
+    def hosted(needs: dict[tuple[int, bool], np.ndarray], mixed: bool, window: np.ndarray, slack: float) -> np.ndarray:
+        out = np.zeros(window.size)
+        for t in range(a_t.size):
+            sel = g_type == t
+            need = needs[t, mixed]
+            if need.size and sel.any():
+                out[sel] = np.searchsorted(need, window[sel] + slack, side="right")
+        return out
+
+    def most_hosted(C: float, level: tuple[int, dict[tuple[int, bool], np.ndarray], np.ndarray]) -> float:
+        """The most members of the level any roles can host by C, at least (module docstring, ``co_running``)."""
+        _, needs, least_p = level
+        window = np.minimum(C, g_end) - g_st
+        slack = 1e-9 * max(1.0, abs(C))  # a threshold a rounding above the window still counts: over-counts
+        served = g_mup * np.clip(window, 0.0, None)  # prefill tokens a PREFILL slot serves by C
+        return most_fed(hosted(needs, True, window, slack), hosted(needs, False, window, slack), served, counts,
+                        least_p)
+
+    last_failed = [0]
+
+    def feasible(C: float) -> bool:
+        for i in [last_failed[0], *range(len(levels))]:
+            if most_hosted(C, levels[i]) < levels[i][0] * (1.0 - 1e-12):
+                last_failed[0] = i
+                return False
+        return True
+
+    return _least_infeasible(feasible, float(x.stlb.min()), floor)
+
+
 LpBound = Callable[[Instance, float], "float | None"]
 """An LP relaxation bound: (instance, seconds) -> a valid lower bound on every decision's makespan, or None."""
 
@@ -734,13 +908,15 @@ def compute_bounds(
     x = arrays if arrays is not None else inst.arrays
     out = {BOUND_WORK: work_bound(inst, x), BOUND_CRITICAL_PATH: critical_path_bound(inst, x)}
     if x is inst.arrays:  # the head bounds only when they say more than work and critical path (else 0)
-        heads = {BOUND_WORK_HEAD: work_head_bound(inst), BOUND_PATH_HEAD: path_head_bound(inst)}
+        heads = {BOUND_WORK_HEAD: work_head_bound(inst), BOUND_PATH_HEAD: path_head_bound(inst),
+                 BOUND_CORUNNING: corunning_bound(inst)}
         out.update({name: val for name, val in heads.items() if val > 0})
     if on_time and inst.trajs and np.isfinite(x.deadline).any():
         timed = {BOUND_WORK: work_bound(inst, x, on_time=True), BOUND_CRITICAL_PATH: critical_path_bound(inst, x, on_time=True)}
         if x is inst.arrays:
             timed[BOUND_WORK_HEAD] = work_head_bound(inst, on_time=True)
             timed[BOUND_PATH_HEAD] = path_head_bound(inst, on_time=True)
+            timed[BOUND_CORUNNING] = corunning_bound(inst, on_time=True)
         for name, val in timed.items():
             if math.isfinite(val) and (val > 0 or name in out):
                 out[name] = max(out.get(name, 0.0), val)

@@ -14,6 +14,7 @@ hot loop and a vectorised pass price a decision to the same float.
   stall_seconds  e_js = P_j / mu_s (MIXED) | P_j / cross_s (DECODE)
   critical_path  CP_js = D_j (a_s + c_s) + W_j + P_j / mu_s
   own_path       Q_js = CP_js - phi (c_s D_j + e_js)
+  corunning_increment  u_js = c_s D_j + e_js                  what j adds to each co-resident's path (before phi)
   slot_time      T_s = st_s + max(c ΣD + a max(max D, Σ O w) + extra, max Q + phi (c ΣD + Σ e))
 """
 
@@ -119,6 +120,12 @@ def stall_seconds(prefill: N, mixed: Any, mu: Any, cross: Any) -> N:
 def critical_path(decode: N, tool: N, prefill: N, a: Any, c: Any, mu: Any) -> N:
     """CP_js: j's own remaining time on s at batch 1 (decode steps, tool waits, its prefill)."""
     return decode * (a + c) + tool + prefill / mu
+
+
+def corunning_increment(decode: N, own: N, c: Any) -> N:
+    """u_js = c_s D_j + e_js: what j adds to the path of every other trajectory on its slot, before phi (its
+    decode tokens run in their steps, its prefill or KV receive stalls them)."""
+    return c * decode + own
 
 
 def own_path(cp: N, decode: N, own: N, phic: Any, phi: float) -> N:
