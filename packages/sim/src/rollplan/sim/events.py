@@ -13,7 +13,9 @@ the RL loop (training done, next batch) runs after the state at ``t`` is final; 
 ``t`` is applied next, and re-plans come last so they see everything that happened at ``t`` (a plan applied
 included).
 
-Handlers (in ``rollplan.sim.engine``) take one event and *return* the new events it causes; the main loop
+Handlers (the components' ``on_*`` methods: ``lifecycle`` for SEG_DONE / JOIN / TOOL_DONE, ``fleet`` for
+ACTION_DONE / AVAIL / DEADLINE, ``ticks`` for REPLAN; the driver and the policy for the rest, through
+``rollplan.sim.engine.Simulator``) take one event and *return* the new events it causes; the main loop
 pushes them. Payload meaning per kind: see ``EvKind``.
 """
 
