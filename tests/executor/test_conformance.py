@@ -93,6 +93,20 @@ def _stand_in_slot(slot_id: str) -> SlotRuntime:
     return s
 
 
+def _controller(config: ExecutorConfig, caps: dict[str, int], *, plan_fn) -> Controller:
+    """A controller over stand-in slots with the simulator's KV capacities, no planning loop, the history the
+    simulator's policy was warm-started with (the warm-up batch: the same prompts), and its batch started."""
+    ctl = Controller(config, plan_fn=plan_fn)
+    ctl.autoplan = False
+    for sid in caps:
+        ctl.add_slot(_stand_in_slot(sid))
+        ctl.kv_capacity[sid] = caps[sid]
+    for k, (key, d) in enumerate(zip((f"p{i}" for i in range(len(PROMPTS))), DECODES, strict=True)):
+        ctl.predictor.observe(key, f"warm:{k}", Totals(float(d), 0.0, 0.0, 1.0))
+    ctl.start_batch()
+    return ctl
+
+
 def _result(run: TrajectoryRun, tokens: int) -> TrajectoryResult:
     rec = TurnRecord(0, len(run.context), (7,) * tokens, None, "length", (run.placement or "",), None, 0, 0,
                      0.0, 0.0, 0.0)
@@ -102,16 +116,8 @@ def _result(run: TrajectoryRun, tokens: int) -> TrajectoryResult:
 
 async def _execute(log: list[tuple[str, str, str]], caps: dict[str, int],
                    at: dict[str, float]) -> list[tuple[str, str, str]]:
-    ctl = Controller(ExecutorConfig(engine=EngineConfig(model="unused"), policy="elastic-plus",
-                                    clock=lambda: 0.0), plan_fn=None)
-    ctl.autoplan = False
-    for sid in caps:
-        ctl.add_slot(_stand_in_slot(sid))
-        ctl.kv_capacity[sid] = caps[sid]
-    # The history the simulator's policy was warm-started with (the warm-up batch: the same prompts).
-    for k, (key, d) in enumerate(zip((f"p{i}" for i in range(len(PROMPTS))), DECODES, strict=True)):
-        ctl.predictor.observe(key, f"warm:{k}", Totals(float(d), 0.0, 0.0, 1.0))
-    ctl.start_batch()
+    ctl = _controller(ExecutorConfig(engine=EngineConfig(model="unused"), policy="elastic-plus",
+                                     clock=lambda: 0.0), caps, plan_fn=None)
     runs = []
     for i, (p, d) in enumerate(zip(PROMPTS, DECODES, strict=True)):
         item = RolloutItem(f"t{i}", (1,) * p, group=f"p{i}", max_turns=1, sampling=SamplingConfig(max_tokens=d))
@@ -239,16 +245,9 @@ async def _execute_rollplan(pol: _RecordingRollplan, caps: dict[str, int]) -> li
     # ``replan`` does after a solve) where the simulator applied it. Their actions (role switches on the
     # simulated slots) are dropped: the stand-in engines serve MIXED already.
     sim = pol.sim
-    ctl = Controller(ExecutorConfig(engine=EngineConfig(model="unused"), policy="rollplan", clock=lambda: 0.0,
-                                    gpu_kind="h800", perf=lambda gpu, tp: sim.perf_for(gpu, tp).perf),
-                     plan_fn=_never_solved)
-    ctl.autoplan = False
-    for sid in caps:
-        ctl.add_slot(_stand_in_slot(sid))
-        ctl.kv_capacity[sid] = caps[sid]
-    for k, (key, d) in enumerate(zip((f"p{i}" for i in range(len(PROMPTS))), DECODES, strict=True)):
-        ctl.predictor.observe(key, f"warm:{k}", Totals(float(d), 0.0, 0.0, 1.0))
-    ctl.start_batch()
+    ctl = _controller(ExecutorConfig(engine=EngineConfig(model="unused"), policy="rollplan", clock=lambda: 0.0,
+                                     gpu_kind="h800", perf=lambda gpu, tp: sim.perf_for(gpu, tp).perf),
+                      caps, plan_fn=_never_solved)
     runs = []
     for i, p in enumerate(PROMPTS):
         # A budget the predictions never reach: the simulator's policy knows none (its trajectories stop at their
