@@ -71,7 +71,6 @@ def evaluate_reference(inst: Instance, roles: Sequence[Role], placement: Sequenc
     extra = [0.0] * n_s  # prefill on MIXED, KV receive on DECODE, migrations in
     stall = [0.0] * n_s  # sum_j e_js: the slot's own prefill (MIXED) / KV receive (DECODE) seconds, no moves
     cp = [0.0] * n_s  # max_j Q_js (the co-running term phi (c_s sum D + sum e) is added per slot in _finish)
-    waiting = [0] * n_s  # members of a DECODE slot that wait for the prefill pool (pricing.waits_for_pool)
     switching = 0.0
     prefill_for_decode = 0.0
     trajs, slots = inst.trajs, inst.slots
@@ -95,8 +94,6 @@ def evaluate_reference(inst: Instance, roles: Sequence[Role], placement: Sequenc
         own = pricing.stall_seconds(t.prefill, role is Role.MIXED, mu, sl.cross_node_kv_rate)
         if role is not Role.MIXED:
             prefill_for_decode += t.prefill
-            if pricing.waits_for_pool(-1 if t.home is None else t.home, s, t.prefill):
-                waiting[s] += 1
         extra[s] += own + move
         stall[s] += own
         cp_js = pricing.critical_path(d, t.tool, t.prefill, sl.a, sl.c, mu)
@@ -104,8 +101,7 @@ def evaluate_reference(inst: Instance, roles: Sequence[Role], placement: Sequenc
         if path > cp[s]:
             cp[s] = path
 
-    return _finish(inst, roles, sum_d, max_d, occ, extra, stall, cp, waiting, switching, prefill_for_decode,
-                   problems)
+    return _finish(inst, roles, sum_d, max_d, occ, extra, stall, cp, switching, prefill_for_decode, problems)
 
 
 def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) -> Evaluation:
@@ -160,8 +156,6 @@ def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) ->
     np.maximum.at(cp, ps, path)
     moved = move * x.tp[ps]
     switching = float(np.cumsum(moved)[-1]) if moved.size else 0.0
-    waits = ~mixed & pricing.waits_for_pool(home, ps, p)
-    waiting = np.bincount(ps[waits], minlength=n_s)
     pre = p[~mixed]
     prefill_for_decode = float(np.cumsum(pre)[-1]) if pre.size else 0.0
     return _finish(
@@ -173,7 +167,6 @@ def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) ->
         extra.tolist(),
         stall.tolist(),
         cp.tolist(),
-        waiting.tolist(),
         switching,
         prefill_for_decode,
         problems,
@@ -204,22 +197,15 @@ def _finish(
     extra: list[float],
     stall: list[float],
     cp: list[float],
-    waiting: Sequence[int],
     switching: float,
     prefill_for_decode: float,
     problems: list[str],
 ) -> Evaluation:
-    """The per-slot part of ``evaluate`` from the per-slot trajectory sums (``waiting[s]``: members of DECODE
-    slot s that wait for the prefill pool; such a slot decodes from ``pricing.decode_start``)."""
+    """The per-slot part of ``evaluate`` from the per-slot trajectory sums."""
     cfg = inst.config
     n_s = len(inst.slots)
     finish = [0.0] * n_s
     prefill_slots: list[int] = []
-    pool = pricing.pool_start(
-        sl.start_seconds(Role.PREFILL, cfg.role_switch_seconds)
-        for s, sl in enumerate(inst.slots)
-        if roles[s] is Role.PREFILL
-    )
     for s, sl in enumerate(inst.slots):
         role = roles[s]
         if role is Role.OFF:
@@ -232,9 +218,8 @@ def _finish(
             prefill_slots.append(s)
             finish[s] = st
             continue
-        start = pricing.decode_start(st, pool, role is Role.DECODE and waiting[s] > 0)
         finish[s] = pricing.slot_time(
-            start, sl.a, sl.c, inst.phi * sl.c, inst.phi, sum_d[s], max_d[s], occ[s], extra[s], cp[s], stall[s]
+            st, sl.a, sl.c, inst.phi * sl.c, inst.phi, sum_d[s], max_d[s], occ[s], extra[s], cp[s], stall[s]
         )
 
     if prefill_for_decode > 0 and not prefill_slots:

@@ -38,12 +38,8 @@ Notations (times in seconds relative to the snapshot time, tokens in tokens):
 
 Per-slot completion time for decision (role r_s, placed set J_s), see ``evaluate``:
   MIXED:   T_s = st_s + c_s sum D_j + a_s max(max D_j, sum O_j w_js) + sum P_j / mu_s + sum m_js
-  DECODE:  T_s = st'_s + c_s sum D_j + a_s max(max D_j, sum O_j w_js) + sum x_j + sum m_js
+  DECODE:  T_s = st_s + c_s sum D_j + a_s max(max D_j, sum O_j w_js) + sum x_j + sum m_js
            (x_j = KV receive time of j's new prefill tokens from a PREFILL slot)
-           st'_s = max(st_s, o) when s hosts a member that waits for the prefill pool (every member but one
-           at home on s with P_j = 0), else st_s; o = min_p st_p over the PREFILL slots (no PREFILL slot: st_s).
-           Nothing decodes there before the pool has started and shipped the KV (``pricing.decode_start``);
-           st'_s replaces st_s in the DECODE rows below too
   both:    T_s >= st_s + CP_js + phi sum_{k on s, k != j} (c_s D_k + e_ks)  for every j on s
            CP_js = D_j (a_s + c_s) + W_j + P_j / mu_s  (j's own critical path at batch 1); the phi term: the
            co-residents' tokens decoded and prefill chunks run in j's steps (continuous batching runs them in

@@ -16,10 +16,6 @@ hot loop and a vectorised pass price a decision to the same float.
   own_path       Q_js = CP_js - phi (c_s D_j + e_js)
   corunning_increment  u_js = c_s D_j + e_js                  what j adds to each co-resident's path (before phi)
   slot_time      T_s = st_s + max(c ΣD + a max(max D, Σ O w) + extra, max Q + phi (c ΣD + Σ e))
-  pool_start     o = min_p st_p over the PREFILL slots (-inf when there is none)
-  waits_for_pool j on DECODE slot s waits for the prefill pool unless it decodes at home (home = s, P_j = 0)
-  decode_start   st_s of a DECODE slot in slot_time: max(st_s, o) when it hosts a member that waits, else st_s
-                 (nothing decodes there before a PREFILL slot has started and shipped the KV)
 """
 
 from __future__ import annotations
@@ -159,25 +155,3 @@ def longest_path(cp: Any, phic: Any, phi: float, sum_d: Any, stall: Any) -> Any:
     """max_j Q_js + phi (c ΣD + Σ e): a decoding slot's longest member path with the co-running term, from
     ``cp`` = max_j Q_js (``phic`` = phi c_s); T_s >= st_s + this."""
     return cp + (phic * sum_d + phi * stall)
-
-
-def pool_start(prefill_starts: Any) -> float:
-    """o = min_p st_p over the PREFILL slots' starts; -inf when there is none (``decode_start`` is then st_s:
-    a plan with DECODE slots and no PREFILL slot keeps its own handling, a problem when prefill is needed)."""
-    return min(prefill_starts, default=-math.inf)
-
-
-def waits_for_pool(home: Any, slot: Any, prefill: N) -> Any:
-    """Whether j on DECODE slot ``slot`` needs the prefill pool first: every member except one already at
-    home there (KV on the slot, ``home == slot``) with nothing to prefill (P_j = 0)."""
-    if _is_array(home, slot, prefill):
-        return (home != slot) | (prefill > 0)
-    return home != slot or prefill > 0
-
-
-def decode_start(st: Any, pool: float, waits: Any) -> Any:
-    """The start a DECODE slot's ``slot_time`` counts from: max(st_s, o) when ``waits`` (it hosts at least
-    one member that ``waits_for_pool``), st_s otherwise (and for MIXED/PREFILL slots: pass waits=False)."""
-    if _is_array(st, waits):
-        return np.where(waits, np.maximum(st, pool), st)
-    return (st if st > pool else pool) if waits else st

@@ -18,7 +18,6 @@ D = {MIXED, DECODE} the decoding roles, F(j) = slots whose KV capacity holds j's
              pf[p] >= 0, z[p] in {0,1}    seconds of decode-slot prefill done by p (L_p / mu_p), p does some
              G >= 0                       finish of the fluid prefill share (the water level)
              ov[s] >= 0                   overrun of s past its deadline (slots with a deadline only)
-             B[s] >= 0, H[s] in {0,1}     decode start of s, s hosts a member that waits for the pool (c12)
   st_s(r) = on_s + sw_s(r) (0 for OFF): constants, so st_s = sum_r st_s(r) y[s,r] is linear.
 
   c1_one_role[s]       sum_r y[s,r] = 1
@@ -41,12 +40,6 @@ D = {MIXED, DECODE} the decoding roles, F(j) = slots whose KV capacity holds j's
                        y[s,PREFILL] <= sum_{j,s'} x[j,s',DECODE] over j with P_j > 0
   c10_symmetry[s,s']   identical slots (same coefficients, node, no trajectory at home there) switch on in order
   c11_longest_path     C >= max_j min_{s in F(j), r in D} (st_s(r) + CP_js)   (a valid cut; the CP bound)
-  c12_pool_start[s]    (slots with a member j that waits for the prefill pool as DECODE, ``pricing.waits_for_pool``)
-                       B[s] >= st_s;  c12_pool_waits[j,s]  H[s] >= x[j,s,DECODE];  and for each PREFILL candidate
-                       q with st_q(PREFILL) > st_s(DECODE), c12_pool_start[s,q]
-                       B[s] >= st_q (H[s] + y[q,PREFILL] - 1 - sum_{p != q,s: st_p(PREFILL) < st_q} y[p,PREFILL]);
-                       B[s] (the start s decodes from: max(st_s, o) when it waits, o = min_p st_p over the PREFILL
-                       slots) replaces st_s in c4_finish and c6_critical_path
   objective  makespan C  +  lam * switching_gpu_seconds  +  penalty * deadline_overrun, with
              switching = sum_s tp_s (sum_{r != OFF} st_s(r) y[s,r] + [s on now] sw y[s,OFF])
                          + sum_{j,s,r} tp_s m_js x[j,s,r];   deadline_overrun = sum_s ov[s]
@@ -69,7 +62,6 @@ from typing import Any, Protocol
 
 from rollplan.models.types import Role, SolveStatus
 from rollplan.solver.config import PlannerConfig
-from rollplan.solver.core import pricing
 from rollplan.solver.core.actions import release_idle
 from rollplan.solver.core.evaluate import (
     TERM_MAKESPAN,
@@ -249,19 +241,6 @@ class ExactFormulation:
         self.pf: dict[int, Var] = {}
         self.z: dict[int, Var] = {}
         self.ov: dict[int, Var] = {}
-        self.B: dict[int, Var] = {}
-        self.H: dict[int, Var] = {}
-        # j waits for the prefill pool on s as DECODE (pricing.waits_for_pool); the PREFILL candidates q whose
-        # start could delay s: st_q(PREFILL) > st_s(DECODE) (c12_pool_start).
-        self.waiters: dict[int, list[int]] = {}
-        self.pool_q: dict[int, list[int]] = {}
-        for s in self.S:
-            js = [j for j in self.J if s in self.fit[j]
-                  and pricing.waits_for_pool(-1 if inst.trajs[j].home is None else inst.trajs[j].home, s,
-                                             inst.trajs[j].prefill)]
-            qs = [q for q in self.S if q != s and self.st[q][Role.PREFILL] > self.st[s][Role.DECODE]]
-            if js and qs:
-                self.waiters[s], self.pool_q[s] = js, qs
         self.G: Var = None
         self.C: Var = None
         self.sym_pairs = self._identical_pairs()
@@ -312,7 +291,6 @@ class ExactFormulation:
         self._c9_release_idle()
         self._c10_symmetry()
         self._c11_longest_path()
-        self._c12_pool_start()
         self.m.b.set_objective(self.objective_parts())
         return self.m
 
@@ -335,9 +313,6 @@ class ExactFormulation:
                 self.V[s] = m.var(f"V_s{s}", 0.0, h)
             if sl.deadline is not None:
                 self.ov[s] = m.var(f"ov_s{s}", 0.0, h)
-            if s in self.waiters:
-                self.B[s] = m.var(f"B_s{s}", 0.0, h)
-                self.H[s] = m.binary(f"H_s{s}")
         if self.has_prefill:
             for p in range(len(inst.slots)):
                 self.pf[p] = m.var(f"pf_s{p}", 0.0, self.pf_cap(p))
@@ -352,11 +327,6 @@ class ExactFormulation:
     def _start(self, s: int, roles: Sequence[Role] = ON_ROLES) -> list[tuple[float, Var]]:
         """st_s = sum_r st_s(r) y[s,r] as terms."""
         return [(self.st[s][r], self.y[s, r]) for r in roles]
-
-    def _decode_from(self, s: int, roles: Sequence[Role] = ON_ROLES) -> list[tuple[float, Var]]:
-        """The start slot s decodes from as terms: B[s] where a member may wait for the prefill pool
-        (c12_pool_start), else st_s."""
-        return [(1.0, self.B[s])] if s in self.B else self._start(s, roles)
 
     def _c1_one_role(self) -> None:
         m = self.m
@@ -401,7 +371,7 @@ class ExactFormulation:
             occ = [(-sl.a * self.occw[j, s], v) for j in js for _, v in self._xs(j, s)]
             m.add(f"c4_occupancy_s{s}", [(1.0, U), *occ], Sense.GE, 0.0)
             terms: list[tuple[float, Var]] = [(1.0, self.T[s]), (-1.0, U)]
-            terms += [(-c, v) for c, v in self._decode_from(s)]
+            terms += [(-c, v) for c, v in self._start(s)]
             for j in js:
                 t = inst.trajs[j]
                 terms += [(-sl.c * t.decode, v) for _, v in self._xs(j, s)]
@@ -454,7 +424,7 @@ class ExactFormulation:
                 m.add(f"c6_co_running_s{s}", [(1.0, self.V[s]), *co], Sense.GE, 0.0)
         for j in self.J:
             for s in self.fit[j]:
-                terms = [(1.0, self.T[s])] + [(-c, v) for c, v in self._decode_from(s, DECODING)]
+                terms = [(1.0, self.T[s])] + [(-c, v) for c, v in self._start(s, DECODING)]
                 terms += [(-self.q[j, s, r], self.x[j, s, r]) for r in DECODING]
                 if s in self.V:
                     terms.append((-1.0, self.V[s]))
@@ -545,29 +515,6 @@ class ExactFormulation:
         assert m is not None
         m.add("c11_longest_path", [(1.0, self.C)], Sense.GE, self.longest_path_cut())
 
-    def _c12_pool_start(self) -> None:
-        """B[s] >= st_s; H[s] >= x[j,s,DECODE] for the members that wait; and, for each PREFILL candidate q,
-        B[s] >= st_q (H[s] + y[q,PREFILL] - 1 - sum_{p != q, s: st_p < st_q} y[p,PREFILL]): the bracket is 1
-        exactly when s hosts a waiting member and q is a PREFILL slot with the smallest start (= o), <= 0
-        otherwise (then st_s >= 0 binds), so min B[s] = ``pricing.decode_start``. No big-M (st are constants)."""
-        m = self.m
-        assert m is not None
-        for s, js in self.waiters.items():
-            B, H = self.B[s], self.H[s]
-            m.add(f"c12_pool_start_s{s}", [(1.0, B), *[(-c, v) for c, v in self._start(s)]], Sense.GE, 0.0)
-            for j in js:
-                m.add(f"c12_pool_waits_j{j}_s{s}", [(1.0, H), (-1.0, self.x[j, s, Role.DECODE])], Sense.GE, 0.0)
-            for q in self.pool_q[s]:
-                o = self.st[q][Role.PREFILL]
-                earlier = [(o, self.y[p, Role.PREFILL]) for p in self.S
-                           if p not in (q, s) and self.st[p][Role.PREFILL] < o]
-                m.add(
-                    f"c12_pool_start_s{s}_q{q}",
-                    [(1.0, B), (-o, H), (-o, self.y[q, Role.PREFILL]), *earlier],
-                    Sense.GE,
-                    -o,
-                )
-
     # -- objective -----------------------------------------------------------------------------------------
     def switching_terms(self) -> tuple[list[tuple[float, Var]], float]:
         """(terms, constant) of switching GPU-seconds (the ``evaluate`` definition)."""
@@ -655,11 +602,6 @@ class ExactFormulation:
                 vals[self.V[s]] = co[s]
             if s in self.ov:
                 vals[self.ov[s]] = ev.overrun[s]
-        pool = pricing.pool_start(self.st[p][Role.PREFILL] for p in self.S if roles[p] is Role.PREFILL)
-        for s, js in self.waiters.items():
-            wait = roles[s] is Role.DECODE and any(placement[j] == s for j in js)
-            vals[self.H[s]] = 1.0 if wait else 0.0
-            vals[self.B[s]] = pricing.decode_start(self.st[s][roles[s]], pool, wait)
         if self.has_prefill:
             work = sum(inst.trajs[j].prefill for j, s in enumerate(placement) if roles[s] is Role.DECODE)
             pre = [p for p in self.S if roles[p] is Role.PREFILL]

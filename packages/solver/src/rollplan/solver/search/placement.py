@@ -42,7 +42,7 @@ from rollplan.solver.core.actions import release_idle
 from rollplan.solver.core.bounds import capped_waterfill, critical_path_bound, type_work, work_bound
 from rollplan.solver.core.evaluate import waterfill_finish
 from rollplan.solver.core.instance import ROLE_CODE, Instance, InstanceArrays, usable_slots
-from rollplan.solver.core.pricing import decode_start, longest_path, slot_time
+from rollplan.solver.core.pricing import longest_path, slot_time
 from rollplan.solver.core.tables import Tables
 from rollplan.solver.search.local import improve
 from rollplan.solver.search.state import SlotState
@@ -262,11 +262,7 @@ def _home_pass(prep: Prep, state: SlotState, limit: Sequence[float], timed: Sequ
     }
     a = x.a[rows][:, None]
     c = x.c[rows][:, None]
-    # At home, a member waits for the prefill pool on a DECODE slot iff it has prefill (pricing.waits_for_pool).
-    w2 = np.zeros(shape)
-    w2[at] = np.where(np.asarray([r is Role.DECODE for r in state.roles])[h] & (x.P[cand] > 0), 1.0, 0.0)
-    wait = np.cumsum(w2, axis=1) + np.asarray(state.wait, dtype=float)[rows][:, None]
-    st = decode_start(np.asarray(state.st)[rows][:, None], state.pool, wait > 0)
+    st = np.asarray(state.st)[rows][:, None]
     phic = np.asarray(prep.phic)[rows][:, None]
     fin = slot_time(st, a, c, phic, prep.phi, sums["sum_d"], sums["max_d"], sums["occ"], sums["extra"], sums["cp"],
                     sums["stall"])
@@ -278,8 +274,6 @@ def _home_pass(prep: Prep, state: SlotState, limit: Sequence[float], timed: Sequ
         values = getattr(state, name)
         for s, v in zip(rows[clean].tolist(), table[last][clean].tolist(), strict=True):
             values[s] = v
-    for s, v in zip(rows[clean].tolist(), wait[last][clean].tolist(), strict=True):
-        state.wait[s] = int(v)
     where, members = state.where, state.members
     for (s, b, n), whole in zip(segments, clean.tolist(), strict=True):
         js = cand_l[b : b + n]
@@ -335,7 +329,7 @@ def _fill_windows(state: SlotState, deadlines: Sequence[float]) -> int:
         if -neg != fin[s]:
             heapq.heappush(heap, (-fin[s], s))
             continue
-        own = state.start(s, state.wait[s]) + longest_path(state.cp[s], prep.phic[s], prep.phi, state.sum_d[s], state.stall[s])
+        own = state.st[s] + longest_path(state.cp[s], prep.phic[s], prep.phi, state.sum_d[s], state.stall[s])
         if fin[s] <= window_max + 1e-9 or fin[s] <= own + 1e-9:
             break  # the makespan is no longer set by a free slot's load
         members = queue.get(s)

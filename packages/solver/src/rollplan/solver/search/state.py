@@ -20,7 +20,7 @@ import numpy as np
 from rollplan.models.types import Role
 from rollplan.solver.core.actions import release_idle
 from rollplan.solver.core.evaluate import close_slots, waterfill_finish
-from rollplan.solver.core.pricing import decode_start, pool_start, slot_time, waits_for_pool
+from rollplan.solver.core.pricing import slot_time
 from rollplan.solver.core.tables import Tables
 
 
@@ -49,8 +49,6 @@ class SlotState:
         self.stall = [0.0] * n  # sum of the members' own prefill (MIXED) / KV receive (DECODE) seconds
         self.cp = [0.0] * n  # max Q_j over the members
         self.members: list[list[int]] = [[] for _ in range(n)]
-        self.wait = [0] * n  # members of a DECODE slot waiting for the prefill pool (pricing.waits_for_pool)
-        self.pool = pool_start(self.st[s] for s in range(n) if roles[s] is Role.PREFILL)
         self.finish = [self.st[s] if roles[s] is not Role.OFF else 0.0 for s in range(n)]
         self.where = [-1] * len(prep.D)
         self.q: list[list[float]] = [self._q_table(s) for s in range(n)]
@@ -74,24 +72,14 @@ class SlotState:
         """m_js (``Instance.move_seconds``)."""
         return self.prep.move(j, s)
 
-    def waits(self, j: int, s: int) -> int:
-        """1 when j on s would wait for the prefill pool (s DECODE, ``pricing.waits_for_pool``), else 0."""
-        return 1 if self.roles[s] is Role.DECODE and waits_for_pool(self.prep.home[j], s, self.prep.P[j]) else 0
-
-    def start(self, s: int, wait: float) -> float:
-        """The start slot s decodes from with ``wait`` waiting members (``pricing.decode_start``)."""
-        return decode_start(self.st[s], self.pool, wait > 0)
-
-    def _time(self, s: int, sum_d: float, max_d: float, occ: float, extra: float, cp: float, stall: float,
-              wait: float) -> float:
+    def _time(self, s: int, sum_d: float, max_d: float, occ: float, extra: float, cp: float, stall: float) -> float:
         p = self.prep
-        return slot_time(self.start(s, wait), p.a[s], p.c[s], p.phic[s], p.phi, sum_d, max_d, occ, extra, cp, stall)
+        return slot_time(self.st[s], p.a[s], p.c[s], p.phic[s], p.phi, sum_d, max_d, occ, extra, cp, stall)
 
     def _finish(self, s: int) -> float:
         if not self.hosts[s]:
             return self.st[s] if self.roles[s] is Role.PREFILL else 0.0
-        return self._time(s, self.sum_d[s], self.max_d[s], self.occ[s], self.extra[s], self.cp[s], self.stall[s],
-                          self.wait[s])
+        return self._time(s, self.sum_d[s], self.max_d[s], self.occ[s], self.extra[s], self.cp[s], self.stall[s])
 
     def finish_with(self, j: int, s: int) -> float:
         """T_s if j were added to s."""
@@ -103,7 +91,7 @@ class SlotState:
         q = self.q[s][j]
         cp = self.cp[s]
         return slot_time(
-            self.start(s, self.wait[s] + self.waits(j, s)), p.a[s], p.c[s], p.phic[s], p.phi,
+            self.st[s], p.a[s], p.c[s], p.phic[s], p.phi,
             self.sum_d[s] + d,
             md if md > d else d,
             self.occ[s] + p.occw[k][j],
@@ -127,7 +115,7 @@ class SlotState:
         own = self._own(j, s)
         return self._time(
             s, self.sum_d[s] - d, max_d, self.occ[s] - p.occw[k][j], self.extra[s] - (own + p.move(j, s)), cp,
-            self.stall[s] - own, self.wait[s] - self.waits(j, s),
+            self.stall[s] - own,
         )
 
     def finishes_without(self, s: int) -> Callable[[int], float]:
@@ -152,14 +140,13 @@ class SlotState:
         st, sum_d, occ, extra, stall = self.st[s], self.sum_d[s], self.occ[s], self.extra[s], self.stall[s]
         occ_k = p.occw[k]
         ex_k = p.mix[k] if self.mixed[s] else p.dec[k]
-        wait, waits = self.wait[s], self.waits
 
         def without(j: int) -> float:
             if len(mem) == 1:
                 return st
             return self._time(
                 s, sum_d - p.D[j], d2 if j == dj else d1, occ - occ_k[j], extra - ex_k[j] - p.move(j, s),
-                c2 if j == cj else c1, stall - ex_k[j], wait - waits(j, s),
+                c2 if j == cj else c1, stall - ex_k[j],
             )
 
         return without
@@ -184,11 +171,10 @@ class SlotState:
                 c1, c2, cj = c, c1, i
             elif c > c2:
                 c2 = c
-        sum_d, occ, extra, stall = self.sum_d[s], self.occ[s], self.extra[s], self.stall[s]
+        st, sum_d, occ, extra, stall = self.st[s], self.sum_d[s], self.occ[s], self.extra[s], self.stall[s]
         occ_k = p.occw[k]
         ex_k = p.mix[k] if self.mixed[s] else p.dec[k]
         a, c, phic, phi, move, D = p.a[s], p.c[s], p.phic[s], p.phi, p.move, p.D
-        wait, waits, start = self.wait[s], self.waits, self.start
 
         def exchanged(out: int, in_: int) -> float:
             md = d2 if out == dj else d1
@@ -197,7 +183,7 @@ class SlotState:
             qi = cps[in_]
             own_in, own_out = ex_k[in_], ex_k[out]
             return slot_time(
-                start(s, wait - waits(out, s) + waits(in_, s)), a, c, phic, phi,
+                st, a, c, phic, phi,
                 sum_d - D[out] + di,
                 md if md > di else di,
                 occ - occ_k[out] + occ_k[in_],
@@ -224,7 +210,6 @@ class SlotState:
         if q > self.cp[s]:
             self.cp[s] = q
         self.members[s].append(j)
-        self.wait[s] += self.waits(j, s)
         self.where[j] = s
         self.move_sw += m * p.tp[s]
         if self.roles[s] is Role.DECODE:
@@ -241,7 +226,6 @@ class SlotState:
         if self.roles[s] is Role.DECODE:
             self.prefill_work -= p.P[j]
         self.members[s].remove(j)
-        self.wait[s] -= self.waits(j, s)
         self.where[j] = -1
         mem = self.members[s]
         if not mem:  # clear float residue so an empty slot prices exactly like a fresh one
@@ -262,19 +246,12 @@ class SlotState:
     def set_role(self, s: int, role: Role) -> None:
         """Change the role of an empty slot."""
         assert not self.members[s], "only an empty slot changes role"
-        was_prefill = self.roles[s] is Role.PREFILL
         self.roles[s] = role
         self.mixed[s] = role is Role.MIXED
         self.hosts[s] = role is Role.MIXED or role is Role.DECODE
         self.st[s] = self.prep.start(s, role)
         self.q[s] = self._q_table(s)
         self.finish[s] = self.st[s]
-        if was_prefill or role is Role.PREFILL:  # the pool's start o moved: re-price the waiting DECODE slots
-            roles = self.roles
-            self.pool = pool_start(self.st[t] for t in range(len(roles)) if roles[t] is Role.PREFILL)
-            for t, w in enumerate(self.wait):
-                if w > 0 and roles[t] is Role.DECODE:
-                    self.finish[t] = self._finish(t)
 
     def open_start(self, s: int) -> float:
         """st_s of OFF slot s turned on MIXED."""
@@ -360,8 +337,6 @@ class SlotState:
         switching = 0.0
         prefill_work = 0.0
         pre: list[int] = []
-        # release_idle may switch an idle PREFILL slot off (no prefill work): the pool's start moves with it.
-        pool = pool_start(self.st[s] for s, r in enumerate(roles) if r is Role.PREFILL)
         for s, sl in enumerate(inst.slots):
             r = roles[s]
             if r is Role.OFF:
@@ -374,10 +349,6 @@ class SlotState:
                 finish[s] = self.st[s]
             else:
                 finish[s] = self.finish[s]
-                if r is Role.DECODE and self.wait[s] > 0 and pool != self.pool:
-                    self.pool, kept = pool, self.pool
-                    finish[s] = self._finish(s)
-                    self.pool = kept
                 if r is Role.DECODE:
                     prefill_work += sum(prep.P[j] for j in self.members[s])
         for j, m in moves(prep, self.where):
@@ -429,9 +400,6 @@ def state_of_partial(prep: Tables, roles: Sequence[Role], jj: np.ndarray, pl: np
     cp = np.zeros(n_s)
     np.maximum.at(cp, pl, np.where(decode, prep.qd_a[kt, jj], prep.qm_a[kt, jj]))
     st = np.asarray(state.st)
-    waits = decode & waits_for_pool(x.home[jj], pl, x.P[jj])
-    wait = np.bincount(pl[waits], minlength=n_s)
-    st = decode_start(st, state.pool, np.asarray([r is Role.DECODE for r in roles]) & (wait > 0))
     fin = slot_time(st, x.a, x.c, prep.phi * x.c, prep.phi, sum_d, max_d, occ, extra, cp, stall)
     used = np.bincount(pl, minlength=n_s) > 0
     state.finish = np.where(used, fin, np.asarray(state.finish)).tolist()
@@ -446,5 +414,4 @@ def state_of_partial(prep: Tables, roles: Sequence[Role], jj: np.ndarray, pl: np
     state.where = where.tolist()
     state.move_sw = float((move * x.tp[pl]).sum())
     state.prefill_work = float(x.P[jj][decode].sum())
-    state.wait = wait.tolist()
     return state
