@@ -212,9 +212,10 @@ def test_pd_role_switch_moves_kv_through_connector(h: Harness, reference) -> Non
             if r.placement in load and r.turn < 3:
                 load[r.placement] += 1
         busiest = max(load, key=lambda s: (load[s], s))
-        # Every other slot DECODE: the busiest slot's trajectories move to a DECODE slot whichever is least
-        # loaded (a MIXED slot left among them could take them all, and nothing would cross the connector).
-        decode = sorted(s for s in load if s != busiest)
+        # DECODE: every other slot that can take moved work (``empty_slot`` moves a slot's trajectories to the
+        # least loaded decoding slot without a return deadline, so the lent slot is never a destination, and
+        # a MIXED slot left among the destinations could take them all: nothing would cross the connector).
+        decode = sorted(s for s in load if s != busiest and ctl.slots[s].return_by is None)
         switched.update(prefill=busiest, decode=decode, at=time.time())
         await ex.switch_roles({busiest: "prefill", **dict.fromkeys(decode, "decode")})
         await until(lambda: turns_done(h) >= 40 or task.done(), timeout=120)
