@@ -118,15 +118,15 @@ class SlotState:
             self.stall[s] - own,
         )
 
-    def finishes_without(self, s: int) -> Callable[[int], float]:
-        """j -> T_s if member j were removed from s, in O(1) per j (top-2 of D and Q taken once)."""
+    def _top_two(self, s: int) -> tuple[float, float, int, float, float, int]:
+        """(largest D, runner-up D, its member, largest Q, runner-up Q, its member) over s's members (0.0 and
+        -1 where there are none): what removing one member leaves as max D and max Q, for
+        ``finishes_without`` and ``exchanges``."""
         p = self.prep
-        k = p.ptype[s]
-        mem = self.members[s]
+        cps = self.q[s]
         d1 = d2 = c1 = c2 = 0.0
         dj = cj = -1
-        cps = self.q[s]
-        for i in mem:
+        for i in self.members[s]:
             d = p.D[i]
             if d > d1:
                 d1, d2, dj = d, d1, i
@@ -137,6 +137,14 @@ class SlotState:
                 c1, c2, cj = c, c1, i
             elif c > c2:
                 c2 = c
+        return d1, d2, dj, c1, c2, cj
+
+    def finishes_without(self, s: int) -> Callable[[int], float]:
+        """j -> T_s if member j were removed from s, in O(1) per j (top-2 of D and Q taken once)."""
+        p = self.prep
+        k = p.ptype[s]
+        mem = self.members[s]
+        d1, d2, dj, c1, c2, cj = self._top_two(s)
         st, sum_d, occ, extra, stall = self.st[s], self.sum_d[s], self.occ[s], self.extra[s], self.stall[s]
         occ_k = p.occw[k]
         ex_k = p.mix[k] if self.mixed[s] else p.dec[k]
@@ -156,21 +164,8 @@ class SlotState:
         (top-2 of D and Q taken once, as ``finishes_without``): the price of one side of a swap."""
         p = self.prep
         k = p.ptype[s]
-        mem = self.members[s]
-        d1 = d2 = c1 = c2 = 0.0
-        dj = cj = -1
         cps = self.q[s]
-        for i in mem:
-            d = p.D[i]
-            if d > d1:
-                d1, d2, dj = d, d1, i
-            elif d > d2:
-                d2 = d
-            c = cps[i]
-            if c > c1:
-                c1, c2, cj = c, c1, i
-            elif c > c2:
-                c2 = c
+        d1, d2, dj, c1, c2, cj = self._top_two(s)
         st, sum_d, occ, extra, stall = self.st[s], self.sum_d[s], self.occ[s], self.extra[s], self.stall[s]
         occ_k = p.occw[k]
         ex_k = p.mix[k] if self.mixed[s] else p.dec[k]
