@@ -15,7 +15,8 @@ Flow of one call (all timing through ``config.clock``; the planner reads no cloc
    reserve for bounds, packing and validation; not installed, failing or out of time -> FALLBACK;
 5. the best candidate by objective (ties: the one with fewer actions). When re-planning (``previous``
    given), a candidate that needs no action at all is kept unless another beats its objective by more than
-   ``REPLAN_HYSTERESIS`` (relative): re-planning an unchanged state must not churn;
+   ``REPLAN_HYSTERESIS`` (relative): re-planning an unchanged state must not churn; then (``config.start_idle``)
+   the OFF slots without a deadline that the choice leaves empty are started MIXED (``actions.start_idle``);
 6. lower bounds (work/capacity, critical path; the LP relaxation for exact backends when time is left;
    a backend's own proven bound), ``make_plan``, ``validate_plan`` (a plan failing it is replaced by the greedy
    one, status FALLBACK; if that fails too the error propagates: a planner bug).
@@ -42,8 +43,17 @@ from rollplan.models.errors import PlanValidationError, SolverError, UnknownName
 from rollplan.models.types import Action, AvailabilityEvent, ClusterSnapshot, Plan, Role, SolveStatus
 from rollplan.solver.backends.base import Backend, Decision
 from rollplan.solver.config import BACKENDS, PlannerConfig
-from rollplan.solver.core.actions import build_actions, make_plan, release_idle
-from rollplan.solver.core.bounds import BOUND_LP, LpBound, compute_bounds
+from rollplan.solver.core.actions import build_actions, make_plan, release_idle, start_idle
+from rollplan.solver.core.bounds import (
+    BOUND_CORUNNING,
+    BOUND_CRITICAL_PATH,
+    BOUND_LP,
+    BOUND_PATH_HEAD,
+    BOUND_WORK,
+    BOUND_WORK_HEAD,
+    LpBound,
+    compute_bounds,
+)
 from rollplan.solver.core.evaluate import Evaluation, evaluate
 from rollplan.solver.core.instance import Instance, build_instance, usable_slots
 from rollplan.solver.core.validate import validate_plan
@@ -58,6 +68,8 @@ RESERVE_FIXED = 0.01
 RESERVE_PER_ITEM = 1.6e-5
 """Seconds kept back from the time limit for bounds + make_plan + validation: fixed + per (slot + trajectory)."""
 LP_MIN_SECONDS = 0.05
+OWN_BOUNDS = frozenset({BOUND_WORK, BOUND_CRITICAL_PATH, BOUND_LP, BOUND_WORK_HEAD, BOUND_PATH_HEAD, BOUND_CORUNNING})
+"""The bounds ``compute_bounds`` computes itself (the others in a plan's bounds are a backend's own)."""
 
 
 def _preload(name: str) -> Backend | None:
@@ -273,6 +285,8 @@ def plan(snapshot: ClusterSnapshot, *, previous: Plan | None = None, config: Pla
     choice = _choose(cands, replanning=previous is not None, prefer=config.backend) if len(cands) > 1 else cands[0]
     if proven and choice.objective > greedy.objective:
         choice.status = SolveStatus.FEASIBLE  # kept by the re-planning hysteresis, not proven optimal
+    if config.start_idle:
+        choice = _idle_started(inst, choice)
 
     lp_budget = work_until - clock() if exact and not proven else 0.0
     extra = {f"{config.backend}_bound": backend_bound} if backend_bound is not None else {}
@@ -292,6 +306,18 @@ def plan(snapshot: ClusterSnapshot, *, previous: Plan | None = None, config: Pla
     return result
 
 
+def _idle_started(inst: Instance, choice: _Candidate) -> _Candidate:
+    """``choice`` with ``actions.start_idle`` applied (the same placement and makespan; the starts priced)."""
+    if choice.evaluation is None and not choice.price(inst):
+        return choice
+    assert choice.evaluation is not None
+    roles = start_idle(inst, choice.roles, choice.evaluation.makespan)
+    if tuple(roles) == choice.roles:
+        return choice
+    started = _Candidate(choice.label, tuple(roles), choice.placement, choice.status)
+    return started if started.price(inst) else choice
+
+
 def _pack(inst: Instance, choice: _Candidate, bounds: dict[str, float], *, backend: str, seconds: float) -> Plan:
     """make_plan with the bounds that hold for it: the deadline-aware ones (``bounds``) when the plan meets
     every deadline, else the deadline-free ones; a bound above the makespan is dropped, loudly."""
@@ -308,7 +334,9 @@ def _pack(inst: Instance, choice: _Candidate, bounds: dict[str, float], *, backe
     )
     if result.violations:  # a plan past a deadline is only bounded by the deadline-free bounds
         free = compute_bounds(inst, on_time=False)
-        kept = {k: v for k, v in bounds.items() if k not in free and k != BOUND_LP}
+        # Only a backend's own proven bound carries over; every bound compute_bounds makes was on time
+        # (co_running and the heads too, even where the deadline-free call returns none of them).
+        kept = {k: v for k, v in bounds.items() if k not in free and k not in OWN_BOUNDS}
         bounds = {**free, **kept}
         result = dataclasses.replace(result, bounds=bounds, lower_bound=max(bounds.values(), default=0.0))
     # A bound above the plan's makespan is wrong (a backend's bound on another model, say).

@@ -43,6 +43,10 @@ class PlannerConfig:
     stays on each solver call as a safety net only (reaching it would break determinism; it is logged).
     The wall time is not bounded by ``time_limit`` then: small budgets overrun by the solvers' fixed root
     work (HiGHS presolve / cuts / sub-MIPs, up to ~0.7 s measured at a 0.05 s budget on 2 loaded cores).
+
+    ``start_idle``: the plan also starts, as MIXED, the OFF slots without a return deadline that it leaves
+    empty and that could serve before its makespan (``core.actions.start_idle``): available GPUs serve what
+    the dispatcher cannot place on the planned ones. False: the plan uses only the GPUs its placement needs.
     """
 
     backend: str = "milp"
@@ -60,6 +64,7 @@ class PlannerConfig:
     deadline_penalty: float = 1e4
     co_running: float | None = None
     deterministic: bool = False
+    start_idle: bool = True
     clock: Callable[[], float] = time.perf_counter
 
     def __post_init__(self) -> None:

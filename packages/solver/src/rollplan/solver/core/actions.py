@@ -39,6 +39,26 @@ def release_idle(inst: Instance, roles: Sequence[Role], placement: Sequence[int]
     return out
 
 
+def start_idle(inst: Instance, roles: Sequence[Role], makespan: float) -> list[Role]:
+    """Start, as MIXED, every OFF slot without a return deadline that could serve before ``makespan``.
+
+    Reason: the decision prices a slot only by the trajectories it places there now, at their predicted means,
+    so an OFF slot it leaves empty is worth nothing to it; but the slot is available (it carries no deadline),
+    and between re-plans the dispatcher gives a serving slot what the placed ones cannot take when it comes:
+    trajectories whose true lengths exceed their predictions, work that loses its KV to a preemption or to a
+    tool wait, later turns it cannot admit. An empty slot finishes at its start ``st_s``, so starting it only
+    where ``st_s < makespan`` leaves the makespan unchanged; the objective pays its start in the switching
+    term. ``release_idle`` is the converse for slots that must be returned. ``PlannerConfig.start_idle``
+    turns this off (a plan that uses the fewest GPUs). Called by ``plan()`` on its chosen decision.
+    """
+    out = list(roles)
+    cfg = inst.config
+    for s, sl in enumerate(inst.slots):
+        if out[s] is Role.OFF and sl.deadline is None and sl.start_seconds(Role.MIXED, cfg.role_switch_seconds) < makespan:
+            out[s] = Role.MIXED
+    return out
+
+
 def _needs_prefill(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) -> bool:
     """Whether some trajectory with prefill work sits on a DECODE slot."""
     decode_slots = [s for s, r in enumerate(roles) if r is Role.DECODE]
