@@ -3,7 +3,8 @@
 Invariants (hypothesis, brute force over the candidates):
 - ``choose_slot`` returns a slot that admits the trajectory under the headroom its regime and the slot's
   role give; no admitting slot has fewer residents, or as many and more free KV; None only when no slot
-  admits; the preferred slot is returned whenever it admits;
+  admits; the preferred slot is returned whenever it admits and the trajectory's prediction is informed (an
+  uninformed one goes to the best admitting slot, the plan's slot only as one of the candidates);
 - an empty slot with room for the trajectory and the watermark always admits it, whatever the headroom;
 - ``DispatchQueue`` yields the longest path first, first-queued first among equals, re-keys on a second push
   and forgets discarded keys; whatever the pushes (the same path again included) and discards, ``order()``
@@ -38,17 +39,18 @@ def slot_loads(draw, key: int) -> SlotLoad:
 @settings(max_examples=400, deadline=None)
 @given(st.integers(1, 8).flatmap(lambda n: st.tuples(*(slot_loads(i) for i in range(n)))),
        st.integers(1, 60_000), st.booleans(), st.booleans(), st.one_of(st.none(), st.integers(0, 7)),
-       st.sampled_from([Headrooms(), Headrooms(0.0), Headrooms(0.5, 0.2, 0.95)]))
-def test_choose_slot_is_the_best_admitting_slot(cands, need, critical, bulk, pref_i, hr) -> None:
+       st.sampled_from([Headrooms(), Headrooms(0.0), Headrooms(0.5, 0.2, 0.95)]), st.booleans())
+def test_choose_slot_is_the_best_admitting_slot(cands, need, critical, bulk, pref_i, hr, informed) -> None:
     pref = cands[pref_i] if pref_i is not None and pref_i < len(cands) else None
-    got = choose_slot(need, cands, preferred=pref, critical=critical, bulk_bound=bulk, headrooms=hr)
+    got = choose_slot(need, cands, preferred=pref, critical=critical, bulk_bound=bulk, headrooms=hr,
+                      informed=informed)
     hi, lo = hr.levels(bulk)
 
     def h(s: SlotLoad) -> float:
         return hi if (critical or s.hosts_critical) else lo
 
     ok = [s for s in cands if admits(s, need, h(s))]
-    if pref is not None and admits(pref, need, h(pref)):
+    if informed and pref is not None and admits(pref, need, h(pref)):
         assert got == pref.key
         return
     if not ok:

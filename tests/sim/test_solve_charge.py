@@ -63,9 +63,11 @@ class _Timed(RollplanPolicy):
 @pytest.mark.parametrize("limit", [0.5, 30.0])
 def test_first_plan_gates_the_batch_by_exactly_its_charge(limit: float) -> None:
     # The dedicated slots start off; nothing runs until the first plan brings them up, so the rollout is
-    # longer by the charge, to the microsecond (the physics after it is the same: same plans, same state).
-    free = run_policy(_scenario(), RollplanPolicy(backend="greedy", time_limit=limit, charge_solve=False)).summary
-    paid = run_policy(_scenario(), RollplanPolicy(backend="greedy", time_limit=limit)).summary
+    # longer by the charge, to the microsecond (the physics after it is the same: the same one plan on the
+    # same state; no interval re-plan, which would see the two runs at different points of their batch).
+    sc = _scenario(replan_interval_s=1e9)
+    free = run_policy(sc, RollplanPolicy(backend="greedy", time_limit=limit, charge_solve=False)).summary
+    paid = run_policy(sc, RollplanPolicy(backend="greedy", time_limit=limit)).summary
     assert paid["batches"][0]["rollout_s"] == pytest.approx(free["batches"][0]["rollout_s"] + limit, abs=1e-6)
     assert paid["trajectories_completed"] == free["trajectories_completed"] == 16
 

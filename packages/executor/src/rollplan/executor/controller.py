@@ -317,7 +317,7 @@ class Controller:
                 continue
             loads, pref = self.slot_loads(run, critical)
             slot = choose_slot(self._need(run), loads, preferred=pref, critical=rid in critical,
-                               bulk_bound=self._bulk_bound, headrooms=self.headrooms)
+                               bulk_bound=self._bulk_bound, headrooms=self.headrooms, informed=rid in informed)
             if slot is None and loads and all(ld.residents == 0 for ld in loads):
                 slot = loads[0].key  # larger than any empty slot: the engine decides (truncates), never a hang
             if slot is None:

@@ -49,6 +49,7 @@ from rollplan.policy.dispatch import (
     Headrooms,
     SlotLoad,
     critical_set,
+    follows_plan,
     is_bulk_bound,
     pessimistic_path,
     reference_step,
@@ -795,8 +796,8 @@ class RollplanPolicy(BasePolicy):
         return self._crit_slots
 
     def choose_slot(self, sim: Simulator, j: int) -> int | None:
-        """The plan's slot for j if it takes j now, else the least-loaded (fewest trajectories, then most free
-        KV) usable slot that does. "Takes j": after admitting j, a headroom of the slot's KV stays free for its
+        """The plan's slot for j if it takes j now and j's prediction is informed (``follows_plan``), else the
+        least-loaded (fewest trajectories, then most free KV) usable slot that does. "Takes j": after admitting j, a headroom of the slot's KV stays free for its
         residents' next turns, and the KV of residents in tool calls counts as held. An engine would evict that
         KV for a new request (``SimConfig.tool_kv`` evictable) and the resident would re-prefill its whole
         context when its tool returns. The headroom depends on whether the latest plan finds the batch bound by
@@ -822,7 +823,7 @@ class RollplanPolicy(BasePolicy):
             lo, crit_slots = hi, _NO_SLOTS  # a critical trajectory: the critical GPUs' headroom everywhere
         else:
             crit_slots = self._critical_slots(sim, crit)
-        if t.preferred >= 0:
+        if t.preferred >= 0 and follows_plan(j in self._informed):
             s = sim.slots[t.preferred]
             room = s.kv_free - s.watermark + sim.prefix_bonus(s, t) - need
             if (s.present and s.role in DECODING and s.ready_at <= sim.now

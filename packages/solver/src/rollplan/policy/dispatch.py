@@ -176,13 +176,27 @@ def admits(slot: SlotLoad, need: int, headroom: float) -> bool:
     return slot.room_after(need) >= required_room(headroom, slot.kv_cap, slot.watermark, need)
 
 
+def follows_plan(informed: bool) -> bool:
+    """Whether a pending trajectory starts on the slot the plan placed it on (when that slot admits it) rather
+    than on the least loaded admitting slot.
+
+    Only an informed prediction (``INFORMED_SOURCES``) makes the plan's choice between slots mean anything for
+    this trajectory: every uninformed trajectory has the same prediction (the prior, or the mean of what
+    finished), so the plan's placement of one rather than another is a tie it broke at plan time, on loads
+    that have moved since. The dispatcher breaks that tie on the loads of now. Measured on the replay matrix
+    (README, "Trace replay"): it only acts in first-epoch batches, where nothing is informed.
+    """
+    return informed
+
+
 def choose_slot(need: int, candidates: Sequence[SlotLoad], *, preferred: SlotLoad | None = None,
                 critical: bool = False, bulk_bound: bool = False,
-                headrooms: Headrooms = Headrooms()) -> Hashable | None:
+                headrooms: Headrooms = Headrooms(), informed: bool = True) -> Hashable | None:
     """The slot (its ``key``) a trajectory of ``need`` tokens starts on now, or None: ``preferred`` (the plan's
     slot, when the adapter finds it serving) if it admits it, else the admitting candidate with the fewest
     residents, then the most free KV (the first of equals). ``critical``: the trajectory is predicted-critical
-    (the critical slots' headroom applies everywhere)."""
+    (the critical slots' headroom applies everywhere). ``informed``: its prediction knows something about it
+    (``INFORMED_SOURCES``); only then is ``preferred`` followed (``follows_plan``)."""
     hi, lo = headrooms.levels(bulk_bound)
     if critical:
         lo = hi
@@ -190,7 +204,7 @@ def choose_slot(need: int, candidates: Sequence[SlotLoad], *, preferred: SlotLoa
     def headroom(s: SlotLoad) -> float:
         return hi if s.hosts_critical else lo
 
-    if preferred is not None and admits(preferred, need, headroom(preferred)):
+    if preferred is not None and follows_plan(informed) and admits(preferred, need, headroom(preferred)):
         return preferred.key
     best: SlotLoad | None = None
     for s in candidates:
