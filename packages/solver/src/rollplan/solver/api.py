@@ -238,9 +238,12 @@ def plan(snapshot: ClusterSnapshot, *, previous: Plan | None = None, config: Pla
     proven = False
     if exact and inst.trajs and greedy.price(inst):
         # Greedy already within the configured relative gap of a lower bound: nothing to gain from the
-        # exact backend but time. (The on-time bounds hold: an objective this low has no overrun.)
-        lower = max(compute_bounds(inst, arrays=arrays, on_time=True).values(), default=0.0)
-        proven = lower > 0 and greedy.objective <= lower * (1 + config.relative_gap)
+        # exact backend but time. The on-time bounds hold for on-time plans only: a greedy plan past a
+        # deadline is proven by nothing (where no plan can be on time they are meaningless, up to 1e9 s).
+        ev = greedy.evaluation
+        if ev is not None and ev.total_overrun <= 0:
+            lower = max(compute_bounds(inst, arrays=arrays, on_time=True).values(), default=0.0)
+            proven = lower > 0 and greedy.objective <= lower * (1 + config.relative_gap)
         if proven:
             log.info("planner: greedy is within %.2g of the lower bound; %s not run", config.relative_gap, config.backend)
     if exact and not proven:
