@@ -10,10 +10,11 @@ share of the budget, as a better hint, then the exact model (``solve_exact``); o
        the others longest-first on the slot that finishes earliest  (``search.disaggregate``)
     -> repair: local search  (``search.local.repair``)
     -> if the makespan is still > ``PACK_TRIGGER`` x the critical-path bound: next-fit-decreasing packing by
-       length, then repair
+       length (continuing the greedy's packing of the same roles, recorded on the instance), then repair
     -> the best of {hint, hint repaired, aggregate, packed} by the exact objective
-    -> polish: the same local search with wide swaps (any member of the least loaded slots; each side
-       priced in O(1)) on what is left of the budget, at most ``POLISH_MOVES`` moves
+    -> polish: the same local search with wide swaps (any member of the least loaded slots and of those
+       with the most unfilled head; each side priced in O(1)) on what is left of the budget, at most
+       ``POLISH_MOVES`` moves
 
 Never worse than the hint: every candidate is priced exactly (``search.state.SlotState``) and the hint is
 one (``better_of`` on the exact path). Timing: docs/formulation_large.md, "Time limit".
@@ -275,6 +276,7 @@ def solve_large(
             info["pack_objective"] = price.objective
             if price.objective < best[0] - 1e-9 * max(1.0, abs(best[0])):
                 best = (price.objective, packed, "packed")
+        info["pack_seconds"] = clock() - t0
     if hint_state is not None and best is not None and best[2] == "hint" and clock() < until:
         polished = state_of(prep, hint_state.roles, hint_state.where)
         info["hint_repair_moves"] = float(repair(polished, until=until, clock=clock))

@@ -1,5 +1,5 @@
 """Disaggregation: from role counts per slot group (the aggregate model's answer) to roles per slot and a
-placement, and the length packing of load-bound instances.
+placement, and the length packing of load-bound instances (the greedy's candidate and the pipeline's).
 
 ``roles_from_counts`` turns slot counts per (group, role) into roles per slot, keeping the hint's (or the
 current) role where the counts allow. ``place_longest_first`` places trajectories longest first, each on
@@ -19,7 +19,7 @@ import numpy as np
 from rollplan.models.types import Role
 from rollplan.solver.core.tables import Tables
 from rollplan.solver.search.local import PROBES
-from rollplan.solver.search.state import SlotState
+from rollplan.solver.search.state import SlotState, state_of
 
 
 def roles_from_counts(
@@ -134,6 +134,7 @@ def pack_decreasing(
     until: float,
     clock: Callable[[], float],
     rounds: int = 14,
+    grow: float = 0.0,
 ) -> SlotState | None:
     """Next-fit-decreasing packing by own time (critical path at batch 1 on the most common slot type, then
     length), bisecting the target makespan in [lo, hi].
@@ -145,6 +146,14 @@ def pack_decreasing(
     long tool waits too (deadlines family, 256 x 4,096 seed 2: 95.02 by length, 92.07 by critical path).
     Slots fill in order of start time up to min(target, deadline), the last ``PACK_LOOKBACK`` closed ones
     still open; the best feasible packing found before ``until`` is returned (None if none).
+
+    ``grow`` > 0: until a target packs, the targets climb from ``lo`` instead, lo (1 + grow 2^i) (then the
+    bisection): where ``hi`` is far above what packs and the packing lands near ``lo`` (a placement left
+    longest-first far above its bound), a few rounds get there.
+
+    Every completed round is recorded on the instance per roles (``_pack_record``): a later call for the same
+    roles (the pipeline's, after the greedy's) starts from the targets that failed and the best packing, and
+    packs only new targets. A round is not started when the longest so far would end after ``until``.
     """
     # By own time (CP on the most common slot type; ties by length): a slot's time is the larger of its body
     # and its longest path, and a trajectory's own time bounds both from below.
@@ -154,17 +163,50 @@ def pack_decreasing(
     slots = sorted((s for s, r in enumerate(roles) if r.decodes), key=lambda s: (prep.start(s, roles[s]), s))
     if not slots or not order:
         return None
+    # What earlier packings of these roles found (the greedy's, for the pipeline's): the failed targets
+    # raise lo, the best packing lowers hi; only new targets are packed.
+    record = _pack_record(prep, roles)
+    known: list[int] | None = None
+    for t, res in record.items():
+        if res is None:
+            if lo < t < hi:
+                lo = t
+        elif res[0] < hi:
+            hi, known = res[0], res[1]
     best: SlotState | None = None
+    step = grow if known is None else 0.0
+    last = 0.0  # the longest round so far: a round that cannot end before ``until`` is not started
     for _ in range(rounds):
-        if clock() >= until or hi <= lo * (1 + 1e-4):
+        t_round = clock()
+        if t_round + last >= until or hi <= lo * (1 + 1e-4):
             break
-        target = 0.5 * (lo + hi)
-        state = _pack_at(prep, roles, order, slots, target, until, clock)
+        if best is None and known is None and step > 0 and lo * (1 + step) < hi:
+            target = lo * (1 + step)
+            step *= 2.0
+        else:
+            target = 0.5 * (lo + hi)
+        state, done = _pack_at(prep, roles, order, slots, target, until, clock)
+        last = max(last, clock() - t_round)
+        if not done:
+            break  # out of time mid-round: nothing learnt
         if state is None:
             lo = target
+            record[target] = None
         else:
             best, hi = state, max(state.finish)
+            record[target] = (hi, list(state.where))
+    if best is None and known is not None:
+        best = state_of(prep, roles, known)
     return best
+
+
+def _pack_record(prep: Tables, roles: Sequence[Role]) -> dict[float, tuple[float, list[int]] | None]:
+    """Per target, what ``_pack_at`` gave for ``roles`` on this instance: None (no packing within it) or
+    (its makespan, its placement); kept on the instance (a pure function of the instance, the roles and the
+    target), and fresh when ``prep`` is on other arrays than the instance's."""
+    if prep.x is not prep.inst.arrays:
+        return {}
+    return prep.inst.memo(("pack_decreasing", tuple(roles)), dict)
 
 
 def _pack_at(
@@ -175,18 +217,27 @@ def _pack_at(
     target: float,
     until: float,
     clock: Callable[[], float],
-) -> SlotState | None:
+) -> tuple[SlotState | None, bool]:
+    """(the packing at ``target``, or None when none fits within it; whether the round completed before
+    ``until``)."""
     state = SlotState(prep, roles)
     cap = [min(target, prep.deadline[s]) for s in slots]
+    # Adding j raises T_s by at least min(1, phi) c_s D_j (``pricing.slot_time``: the body by c D_j, the
+    # longest path by phi c D_j): a slot that fails that cheap test is not priced (the margin keeps float
+    # rounding on the side of pricing).
+    inc = [max(0.0, min(1.0, prep.phi)) * prep.c[s] * (1.0 - 1e-9) for s in slots]
+    fin = state.finish
+    D = prep.D
     cur = 0
     for n, j in enumerate(order):
         if n % 256 == 255 and clock() >= until:
-            return None
+            return None, False
         placed = False
         i = max(0, cur - PACK_LOOKBACK)  # the last closed slots stay open to shorter trajectories
+        d = D[j]
         while i < len(slots):
             s = slots[i]
-            if prep.fits[prep.ptype[s]][j] and state.finish_with(j, s) <= cap[i]:
+            if fin[s] + inc[i] * d <= cap[i] and prep.fits[prep.ptype[s]][j] and state.finish_with(j, s) <= cap[i]:
                 state.add(j, s)
                 placed = True
                 break
@@ -194,8 +245,8 @@ def _pack_at(
                 cur += 1  # next fit: a slot that rejects a (longer-first) trajectory is closed
             i += 1
         if not placed:
-            return None
-    return state
+            return None, True
+    return state, True
 
 
 # ---------------------------------------------------------------------------------------------------------

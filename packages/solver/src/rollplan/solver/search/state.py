@@ -118,10 +118,10 @@ class SlotState:
             self.stall[s] - own,
         )
 
-    def _top_two(self, s: int) -> tuple[float, float, int, float, float, int]:
+    def leaders(self, s: int) -> tuple[float, float, int, float, float, int]:
         """(largest D, runner-up D, its member, largest Q, runner-up Q, its member) over s's members (0.0 and
         -1 where there are none): what removing one member leaves as max D and max Q, for
-        ``finishes_without`` and ``exchanges``."""
+        ``finishes_without``, ``exchanges`` and the wide swaps' pruning (``local._swap_reach``)."""
         p = self.prep
         cps = self.q[s]
         d1 = d2 = c1 = c2 = 0.0
@@ -144,7 +144,7 @@ class SlotState:
         p = self.prep
         k = p.ptype[s]
         mem = self.members[s]
-        d1, d2, dj, c1, c2, cj = self._top_two(s)
+        d1, d2, dj, c1, c2, cj = self.leaders(s)
         st, sum_d, occ, extra, stall = self.st[s], self.sum_d[s], self.occ[s], self.extra[s], self.stall[s]
         occ_k = p.occw[k]
         ex_k = p.mix[k] if self.mixed[s] else p.dec[k]
@@ -165,7 +165,7 @@ class SlotState:
         p = self.prep
         k = p.ptype[s]
         cps = self.q[s]
-        d1, d2, dj, c1, c2, cj = self._top_two(s)
+        d1, d2, dj, c1, c2, cj = self.leaders(s)
         st, sum_d, occ, extra, stall = self.st[s], self.sum_d[s], self.occ[s], self.extra[s], self.stall[s]
         occ_k = p.occw[k]
         ex_k = p.mix[k] if self.mixed[s] else p.dec[k]
