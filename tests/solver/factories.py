@@ -5,6 +5,7 @@
     make_snapshot(slots=[...], trajectories=[...])    # time 1000, qwen3-8b, weights version 1
     tiny_snapshots(max_slots=3, max_trajectories=4)   # hypothesis strategy
     planner_config(backend="milp")                    # PlannerConfig, deterministic by default
+    greedy_state("work-bound", 8, 128, seed=1)         # (instance, search state of its greedy plan)
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from rollplan.models.types import (
     Trajectory,
 )
 from rollplan.solver.config import PlannerConfig
+from rollplan.solver.core.instance import Instance
+from rollplan.solver.search.state import SlotState
 
 T0 = 1000.0
 VERSION = 1
@@ -233,3 +236,19 @@ def snapshots(draw: st.DrawFn, max_slots: int = 4, max_trajectories: int = 6, gp
 def tiny_snapshots(max_slots: int = 3, max_trajectories: int = 4) -> st.SearchStrategy[ClusterSnapshot]:
     """Snapshots small enough for the exhaustive backend."""
     return snapshots(max_slots=max_slots, max_trajectories=max_trajectories)
+
+
+def greedy_state(family: str, slots: int, trajectories: int, *, seed: int = 0) -> tuple[Instance, SlotState]:
+    """A bench family snapshot's instance and the search state (``search.state.SlotState``) of its greedy
+    plan: the starting point of the local-search tests."""
+    from rollplan.solver import build_instance, plan
+    from rollplan.solver.core.tables import Tables
+    from rollplan.solver.families import family_snapshot
+    from rollplan.solver.search.state import state_of
+
+    snap = family_snapshot(family, slots, trajectories, seed=seed)
+    inst = build_instance(snap, planner_config())
+    p = plan(snap, config=planner_config(backend="greedy"))
+    ids = {s.id: i for i, s in enumerate(inst.slots)}
+    state = state_of(Tables(inst), [p.roles[s.id] for s in inst.slots], [ids[p.placement[t.id]] for t in inst.trajs])
+    return inst, state

@@ -18,7 +18,7 @@ import math
 import random
 
 import pytest
-from factories import planner_config
+from factories import greedy_state, planner_config
 
 from rollplan.models.types import Role
 from rollplan.solver import build_instance, plan
@@ -130,11 +130,7 @@ def test_wide_polish_prunes_only(family: str, seed: int, monkeypatch: pytest.Mon
 
 
 def test_head_room_picks_the_largest_unfilled_heads() -> None:
-    snap = family_snapshot("work-bound", 12, 192, seed=5)
-    inst = build_instance(snap, planner_config())
-    p = plan(snap, config=planner_config(backend="greedy"))
-    ids = {s.id: i for i, s in enumerate(inst.slots)}
-    state = state_of(Tables(inst), [p.roles[s.id] for s in inst.slots], [ids[p.placement[t.id]] for t in inst.trajs])
+    _, state = greedy_state("work-bound", 12, 192, seed=5)
     hosts = [s for s, r in enumerate(state.roles) if r.decodes]
     by_role: dict[Role, list[int]] = {}
     for s in hosts:

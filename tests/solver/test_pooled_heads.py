@@ -14,7 +14,7 @@ import random
 
 import numpy as np
 import pytest
-from factories import planner_config
+from factories import greedy_state, planner_config
 
 from rollplan.solver import build_instance, plan
 from rollplan.solver.core import bounds
@@ -76,11 +76,7 @@ def test_exchanges_price_a_swap_like_remove_and_add() -> None:
 
 
 def test_wide_repair_never_worsens_the_makespan() -> None:
-    snap = family_snapshot("work-bound", 8, 128, seed=1)
-    inst = build_instance(snap, planner_config())
-    p = plan(snap, config=planner_config(backend="greedy"))
-    ids = {s.id: i for i, s in enumerate(inst.slots)}
-    state = state_of(Tables(inst), [p.roles[s.id] for s in inst.slots], [ids[p.placement[t.id]] for t in inst.trajs])
+    _, state = greedy_state("work-bound", 8, 128, seed=1)
     before = state.price().makespan
     repair(state, until=None, clock=lambda: 0.0, max_moves=256, wide=True)
     assert state.price().makespan <= before * (1 + 1e-12)
