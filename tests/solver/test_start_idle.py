@@ -14,13 +14,13 @@ from factories import FAST, make_slot, make_snapshot, make_traj, planner_config,
 from hypothesis import assume, given
 
 from rollplan.models.errors import InfeasiblePlanError
-from rollplan.models.types import ActionKind, EngineState, Role, SlotSource
+from rollplan.models.types import ActionKind, EngineState, Role, Slot, SlotSource
 from rollplan.solver import plan
 from rollplan.solver.core.instance import build_instance
 
 
-def _cold(id: str, **kw: object) -> object:
-    return make_slot(id, role=Role.OFF, engine=EngineState.NONE, source=SlotSource.PREEMPTIBLE, **kw)  # type: ignore[arg-type]
+def _cold(id: str, return_by: float | None = None) -> Slot:
+    return make_slot(id, role=Role.OFF, engine=EngineState.NONE, source=SlotSource.PREEMPTIBLE, return_by=return_by)
 
 
 def test_idle_cold_slot_is_started_without_changing_the_placement() -> None:
