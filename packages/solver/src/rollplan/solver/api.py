@@ -311,10 +311,12 @@ def plan(snapshot: ClusterSnapshot, *, previous: Plan | None = None, config: Pla
 
 def _idle_started(inst: Instance, choice: _Candidate) -> _Candidate:
     """``choice`` with ``actions.start_idle`` applied (the same placement and makespan; the starts priced)."""
-    if choice.evaluation is None and not choice.price(inst):
+    if choice.evaluation is None:
+        choice.price(inst)
+    ev = choice.evaluation
+    if ev is None:  # the decision has problems: make_plan / validation report them
         return choice
-    assert choice.evaluation is not None
-    roles = start_idle(inst, choice.roles, choice.evaluation.makespan)
+    roles = start_idle(inst, choice.roles, ev.makespan)
     if tuple(roles) == choice.roles:
         return choice
     started = _Candidate(choice.label, tuple(roles), choice.placement, choice.status)
