@@ -229,7 +229,11 @@ def _pack_at(
     fin = state.finish
     D = prep.D
     cur = 0
+    taken = bytearray(len(order))  # by position in ``order``: placed ahead of its turn by a head fill
+    back = len(order) - 1  # the shortest not yet placed is at or before this position
     for n, j in enumerate(order):
+        if taken[n]:
+            continue
         if n % 256 == 255 and clock() >= until:
             return None, False
         placed = False
@@ -242,11 +246,48 @@ def _pack_at(
                 placed = True
                 break
             if i == cur and state.members[s]:
-                cur += 1  # next fit: a slot that rejects a (longer-first) trajectory is closed
+                # next fit: a slot that rejects a (longer-first) trajectory is closed, its head filled first
+                back = _fill_head(prep, state, s, cap[i], order, taken, n, back) if PACK_FILL else back
+                cur += 1
             i += 1
         if not placed:
             return None, True
     return state, True
+
+
+PACK_FILL = True
+"""``_pack_at`` fills the unfilled head of each slot it closes with the shortest trajectories left
+(``_fill_head``). Why: a closed slot of long trajectories decodes for max D steps whatever its occupancy,
+so while its occupancy is below max D a further member costs it only c D (its KV rides in steps the slot
+runs anyway), where on a slot without head it costs c D + a O w. Measured on work-bound M (256 x 4,096,
+seed 0, the packing alone, bisected): makespan 85.1 -> 84.5."""
+
+
+def _fill_head(
+    prep: Tables,
+    state: SlotState,
+    s: int,
+    cap: float,
+    order: Sequence[int],
+    taken: bytearray,
+    n: int,
+    back: int,
+) -> int:
+    """Add the shortest unplaced trajectories (``order`` from ``back`` down to just after ``n``) to the
+    closing slot ``s`` while its occupancy is below its max D and each fits within ``cap``; marks them in
+    ``taken`` and returns the new ``back``."""
+    kind = prep.ptype[s]
+    while back > n and state.max_d[s] > state.occ[s]:
+        if taken[back]:
+            back -= 1
+            continue
+        j = order[back]
+        if not prep.fits[kind][j] or state.finish_with(j, s) > cap:
+            break
+        state.add(j, s)
+        taken[back] = 1
+        back -= 1
+    return back
 
 
 # ---------------------------------------------------------------------------------------------------------
