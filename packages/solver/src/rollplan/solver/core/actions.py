@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from rollplan.models.types import ACTION_ORDER, Action, ActionKind, EngineState, Plan, Role, SolveStatus
+from rollplan.solver.core import pricing
 from rollplan.solver.core.evaluate import Evaluation, evaluate
 from rollplan.solver.core.instance import Instance
 
@@ -97,14 +98,21 @@ def build_actions(inst: Instance, roles: Sequence[Role], placement: Sequence[int
     x = inst.arrays
     pl = np.asarray(placement, dtype=np.int64)
     home = x.home[: pl.size]
-    for j in np.nonzero((home >= 0) & (home != pl))[0].tolist():  # the moved trajectories, in order
-        s = int(pl[j])
-        src = inst.slots[int(home[j])]
-        deadline = None if src.deadline is None else snap_time + src.deadline
-        kind = ActionKind.MIGRATE_KV if inst.move_by_kv(j, s) else ActionKind.MIGRATE_REPREFILL
-        acts.append(
-            Action(kind, src.id, trajectory=x.ids[j], target=inst.slots[s].id, duration=inst.move_seconds(j, s), deadline=deadline)
-        )
+    moved = np.nonzero((home >= 0) & (home != pl))[0]  # the moved trajectories, in order
+    if moved.size:
+        # ``Instance.move_by_kv`` / ``move_seconds`` for all of them at once (the same ``pricing`` floats).
+        src_s, dst_s = home[moved], pl[moved]
+        rate = pricing.transfer_rate(x.node[src_s] == x.node[dst_s], x.same[dst_s], x.cross[dst_s])
+        ctx, mu = x.ctx[moved], x.mu[dst_s]
+        by_kv = (pricing.kv_transfer_seconds(ctx, rate) <= pricing.reprefill_seconds(ctx, mu)).tolist()
+        seconds = pricing.move_seconds(ctx, rate, mu).tolist()
+        slot_ids = [sl.id for sl in inst.slots]
+        src_deadline = [None if sl.deadline is None else snap_time + sl.deadline for sl in inst.slots]
+        for j, s, h, kv, sec in zip(moved.tolist(), dst_s.tolist(), src_s.tolist(), by_kv, seconds, strict=True):
+            kind = ActionKind.MIGRATE_KV if kv else ActionKind.MIGRATE_REPREFILL
+            acts.append(
+                Action(kind, slot_ids[h], trajectory=x.ids[j], target=slot_ids[s], duration=sec, deadline=src_deadline[h])
+            )
     acts.sort(key=lambda a: _ORDER[a.kind])  # stable: slot order within a kind
     return tuple(acts)
 
