@@ -9,7 +9,8 @@ models that differ only in how a mixed step combines its parts):
 - DECODE slots run decode-only steps: with a PREFILL slot serving them, the three step models give the same
   disaggregated replay.
 The bench: ``rollplan bench pd-crossover`` reports, cell for cell, what ``rollplan replay`` prints for the
-same setting (that is how a reader checks it), and bad options give one-line errors.
+same setting (that is how a reader checks it), a floor no policy's rollout goes below (and so the most any
+policy can gain over colocation), and bad options give one-line errors.
 """
 
 from __future__ import annotations
@@ -95,6 +96,12 @@ def test_pd_crossover_cells_match_rollplan_replay(shared_data: Path, tmp_path: P
     ratio = row["colocated_rollout_s"] / row["disagg_rollout_s"][row["best_split"]]
     assert row["colocated_over_best_disagg"] == pytest.approx(ratio, abs=1e-3)
     assert row["faster"] == ("disaggregated" if ratio > 1 else "colocated")
+    # The floor holds for every policy and split (it is what no policy can beat), and the reported most any
+    # policy could gain over colocation is colocated / floor.
+    floor = row["floor_s"]
+    assert 0 < floor <= min(row["colocated_rollout_s"], *row["disagg_rollout_s"].values()) + 1e-6
+    assert row["most_any_policy_is_faster"] == pytest.approx(row["colocated_rollout_s"] / floor, abs=1e-3)
+    assert row["pearl_reachable"] == (row["most_any_policy_is_faster"] >= 1.097)
     for split in ("1:7", "3:5"):
         assert main(["replay", "--availability", "none", "--workload", "swebench", "--data", str(shared_data),
                      "--dedicated", "8", "--lent", "0", "--policies", "static-colocated,static-disagg", "--pd", split,

@@ -519,11 +519,12 @@ def register_pd_crossover(bench: typer.Typer) -> None:
         from rich.table import Table
 
         t = Table(title=f"bench pd-crossover: {gpus} x {gpu}, {model}, mean rollout s over seeds {seeds}")
-        for col in ("trajectories", "colocated s", "best disagg s (P:D)", "colocated / disagg", "faster", "PEARL"):
+        for col in ("trajectories", "colocated s", "best disagg s (P:D)", "colocated / disagg", "faster",
+                    "floor s (colocated above)", "any policy at most", "PEARL"):
             t.add_column(col, justify="right")
         for row in table_rows(doc):
             t.add_row(*row)
-        Console(stderr=True, width=150).print(t)
+        Console(stderr=True, width=170).print(t)
 
 
 def register_sensitivity(bench: typer.Typer) -> None:
