@@ -2,11 +2,13 @@
 
 Invariants (hypothesis over random placements of bench-family instances, and every family):
 - ``_exchanged`` (vectorised) prices a trade exactly as ``SlotState.exchanges`` (the scalar price) does;
-- ``home_exchanges`` never raises the makespan nor the sum of the slots' finishes, never adds a move
+- ``home_exchanges`` never makes a slot end later (so neither the makespan nor the sum of the finishes
+  rises), never adds a move
   (each trade sends one trajectory home), keeps every trajectory on a hosting slot of a type it fits, and
   leaves a state that prices as ``state_of`` of its placement;
 - on packed work-bound snapshots (every trajectory mid-flight, the packing moving nearly all of them) it
-  takes trades: fewer moves and a lower objective at no higher makespan (a measured regression check).
+  takes trades (6-13 of 256 at seeds 0-3: the packing leaves most slots at their cap, where few trades
+  lower both slots): fewer moves and a lower objective at no higher makespan (a measured regression check).
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def test_exchanges_never_raise_the_makespan_nor_add_moves(family: str, seed: int
     before = list(state.finish)
     ms, total, moves = max(before), sum(before), _moves(state)
     trades = exchange.home_exchanges(state)
+    for s, f in enumerate(state.finish):
+        assert f <= before[s] + 1e-9 * (1 + before[s])
     assert max(state.finish) <= ms + 1e-9 * (1 + ms)
     assert sum(state.finish) <= total + 1e-9 * (1 + total)
     assert _moves(state) <= moves
@@ -97,7 +101,7 @@ def test_exchanges_save_moves_on_packed_work_bound(seed: int) -> None:
     assert moves > 0.8 * len(inst.trajs)  # the packing moves nearly every trajectory
     trades = exchange.home_exchanges(state)
     after = state.price()
-    assert trades > 0.05 * len(inst.trajs)
+    assert trades >= 5
     assert _moves(state) <= moves - trades
     assert after.makespan <= before.makespan + 1e-9
     assert after.objective < before.objective - 1e-3

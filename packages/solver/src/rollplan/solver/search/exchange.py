@@ -12,8 +12,11 @@ Notations (``rollplan.solver.core.instance``; per round, on the state's current 
      nearest to j in D (one on each side in the D order of h's guests)
   f_s, f_h            the two slots' finish now (``pricing.slot_time``)
   f'_s, f'_h          after the trade: s loses j and takes k, h loses k and takes j (``SlotState.exchanges``)
-A trade is taken when f'_s + f'_h < f_s + f_h (the pair works less), max(f'_s, f'_h) <= max(f_s, f_h)
-(neither ends after the later of the two did, so the makespan cannot rise) and each ends by its deadline.
+A trade is taken when f'_s + f'_h < f_s + f_h (the pair works less), f'_s <= f_s and f'_h <= f_h (neither
+slot ends later than it did, so the makespan cannot rise) and each ends by its deadline. Why neither, not
+only the later of the two: a trade may then lift the earlier slot up to the other's finish, which the
+model does not mind, but the plan is a prediction; slots brought up to the makespan leave less room for
+the trajectories that run longer than predicted.
 Each round prices every candidate at once (numpy, the same ``pricing.slot_time``), then makes the best
 trades greedily with each slot in at most one (so every price made on the round's sums stays exact).
 Rounds repeat until none is taken, ``max_rounds``, or ``until`` (a round that would end after it is not
@@ -107,7 +110,8 @@ def home_exchanges(
         gain = (old_s + old_h) - (new_s + new_h)
         ok = (
             (gain > EPS * (1.0 + old_s + old_h))
-            & (np.maximum(new_s, new_h) <= np.maximum(old_s, old_h) + EPS)
+            & (new_s <= old_s + EPS)
+            & (new_h <= old_h + EPS)
             & (new_s <= deadline[s] + EPS)
             & (new_h <= deadline[h] + EPS)
         )
