@@ -43,6 +43,9 @@ def test_bench_planner_json() -> None:
     assert cell["gap"]["max"] >= 0 and cell["peak_rss_mb"] > cell["baseline_rss_mb"] * 0.5
     assert sum(cell["status"].values()) == 1
     assert set(cell["meets"]) == {"latency_p99", "gap_max", "not_worse_than_greedy"}
+    (one,) = cell["per_seed"]  # the per-snapshot figures the cell's aggregates come from
+    assert one["seed"] == 0 and one["gap"] == pytest.approx(cell["gap"]["max"], abs=1e-6)
+    assert one["latency_s"] == pytest.approx(cell["latency_s"]["max"], abs=1e-4)
 
 
 def test_unknown_names_are_user_errors() -> None:

@@ -19,7 +19,8 @@ with ``PlannerConfig(deterministic=True)`` (the time limit is then a work budget
 - ``objective_ratio_to_greedy``: p50 / max of objective / greedy objective (<= 1 means not worse);
 - ``peak_rss_mb``: the child's peak resident set (``resource`` ru_maxrss) after the cell, i.e. interpreter +
   imports + snapshots + planning; ``baseline_rss_mb``: the same right after the warm-up, before the cell;
-- ``status``: count per ``SolveStatus``; ``meets``: each target checked on the cell's numbers (issue 15:
+- ``status``: count per ``SolveStatus``; ``per_seed``: each snapshot's seed, latency, gap and objective over
+  greedy (which seed a cell's max comes from); ``meets``: each target checked on the cell's numbers (issue 15:
   p99 latency <= 0.2 / 0.5 / 1.0 s for S / M / L; gap <= 5% (10% for heterogeneous and long-tail, and at L);
   never worse than greedy).
 
@@ -126,6 +127,12 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         "peak_rss_mb": _rss_mb(),
         "baseline_rss_mb": baseline,
         "status": dict(status),
+        # Each snapshot's figures, so a cell's max can be traced to its seed.
+        "per_seed": [
+            {"seed": cell.seed + i, "latency_s": round(latency[i], 4), "gap": round(gaps[i], 6),
+             "objective_ratio_to_greedy": round(ratios[i], 6)}
+            for i in range(cell.repeat)
+        ],
     }
     meets = {
         "latency_p99": out["latency_s"]["p99"] <= LATENCY_TARGET[cell.scale],
