@@ -67,9 +67,9 @@ REPLAN_HYSTERESIS = 0.01
 RESERVE_FIXED = 0.01
 RESERVE_PER_ITEM = 1.6e-5
 """Seconds kept back from the time limit for what follows the backend (pricing the candidates with their
-actions, bounds, make_plan, validation): fixed + per (slot + trajectory). That work measures ~6.3e-6 s per
-item at 1,024 x 16,384 and ~8e-6 at 256 x 4,096 on this 2-core VM, idle; the reserve keeps about twice that
-for a loaded machine (at 1e-5 the bench's heterogeneous L p99 reached 1.13 s of its 1 s at load 0.6)."""
+actions, bounds, make_plan, validation): fixed + per (slot + trajectory). On an idle 2-core VM that work
+takes about half of it; the rest is for a loaded machine (with 1e-5 per item, ``rollplan bench planner``'s
+heterogeneous L cell went past its 1 s limit at load 0.6)."""
 LP_MIN_SECONDS = 0.05
 OWN_BOUNDS = frozenset({BOUND_WORK, BOUND_CRITICAL_PATH, BOUND_LP, BOUND_WORK_HEAD, BOUND_PATH_HEAD, BOUND_CORUNNING})
 """The bounds ``compute_bounds`` computes itself (the others in a plan's bounds are a backend's own)."""

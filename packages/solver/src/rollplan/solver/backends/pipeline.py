@@ -62,10 +62,10 @@ POLISH_MOVES = 256
 """Moves of the final wide-swap polish (its work cap in deterministic mode, where no clock stops it)."""
 EXCHANGE_SHARE = 0.3
 """Share of the polish's time given to the home exchanges (``search.exchange.home_exchanges``, half of it)
-and the second polish after them (the other half). Why after a first polish: exchanged before it, the
-state's slots sit closer together with less to move, and the polish stalls higher (work-bound 256 x 4,096
-seed 0: 83.43 against 83.15 with the polish alone); after it, the trades lower every slot's move seconds
-and the second polish spends them on the makespan."""
+and the second polish after them (the other half); 0 turns both off. Why after a first polish: the
+exchanges change which members sit where on slots the polish has not yet balanced, and the polish then
+has less to move and stalls higher; after it, the trades lower the slots' move seconds and the second
+polish spends them on the makespan."""
 AGG_GAP = 1e-5
 """Relative gap of the aggregate MILP: tight, since its switching terms are ~1e-3 of the objective."""
 
@@ -299,12 +299,13 @@ def solve_large(
         first = clock() + (1.0 - EXCHANGE_SHARE) * left
         info["polish_moves"] = float(repair(polished, until=first, clock=clock, max_moves=POLISH_MOVES, wide=True))
         if EXCHANGE_SHARE > 0 and clock() < until:
-            ex_until = clock() + 0.5 * (until - clock())
-            info["home_exchanges"] = float(home_exchanges(polished, until=ex_until, clock=clock))
-        if EXCHANGE_SHARE > 0 and clock() < until:
-            info["polish_moves"] += float(
-                repair(polished, until=until, clock=clock, max_moves=POLISH_MOVES // 2, wide=True)
+            info["home_exchanges"] = float(
+                home_exchanges(polished, until=clock() + 0.5 * (until - clock()), clock=clock)
             )
+            if clock() < until:
+                info["polish_moves"] += float(
+                    repair(polished, until=until, clock=clock, max_moves=POLISH_MOVES // 2, wide=True)
+                )
         polished.release()
         price = polished.price()
         if price.objective < best[0] - 1e-9 * max(1.0, abs(best[0])):

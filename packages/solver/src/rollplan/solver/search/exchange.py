@@ -8,8 +8,9 @@ trade places at little cost to either slot's head or occupancy, and the trade sa
 
 Notations (``rollplan.solver.core.instance``; per round, on the state's current sums):
   j  an *exile*: home h = home(j) decodes, j sits on s = where(j) != h, and j fits h's type
-  k  a *guest* of h: where(k) = h != home(k), k fits s's type; the candidates are the guests of h
-     nearest to j in D (one on each side in the D order of h's guests)
+  k  a *guest* of h: where(k) = h != home(k) (a new trajectory, without a home, included), k fits s's
+     type; the candidates are the guests of h nearest to j in D (one on each side in the D order of h's
+     guests)
   f_s, f_h            the two slots' finish now (``pricing.slot_time``)
   f'_s, f'_h          after the trade: s loses j and takes k, h loses k and takes j (``SlotState.exchanges``)
 A trade is taken when f'_s + f'_h < f_s + f_h (the pair works less), f'_s <= f_s and f'_h <= f_h (neither
@@ -59,6 +60,7 @@ def home_exchanges(
     D = x.D
     deadline = np.asarray(p.deadline)
     a_s, c_s, phic_s = np.asarray(p.a), np.asarray(p.c), np.asarray(p.phic)
+    span = 2.0 * (1.0 + float(D.max(initial=0.0)))  # (slot, D) as one sortable key: slot * span + D
     trades = 0
     longest = 0.0  # the longest round so far: a round that cannot end before ``until`` is not started
     for _ in range(max_rounds):
@@ -71,34 +73,25 @@ def home_exchanges(
         exile = placed & (home >= 0) & (home != where) & hosts[h_safe] & p.fits_a[ptype[h_safe], np.arange(n_j)]
         guest = placed & (home != where)
         jj = np.nonzero(exile)[0]
+        gg = np.nonzero(guest)[0]  # every exile is a guest of its own slot, so gg is not empty when jj is not
         if jj.size == 0:
             break
-        # Guests per slot, ordered by (slot, D): each exile j looks up the guests of its home around D_j.
-        gg = np.nonzero(guest)[0]
-        order = np.lexsort((D[gg], where[gg]))
-        gg = gg[order]
+        # Guests ordered by (slot, D): each exile j looks up the guests of its home on each side of D_j.
+        gg = gg[np.lexsort((D[gg], where[gg]))]
         g_slot = where[gg]
-        key = g_slot.astype(np.float64) * (1.0 + float(D.max(initial=0.0))) * 2.0 + D[gg]
-        q = h_safe[jj].astype(np.float64) * (1.0 + float(D.max(initial=0.0))) * 2.0 + D[jj]
-        pos = np.searchsorted(key, q)
+        pos = np.searchsorted(g_slot * span + D[gg], home[jj] * span + D[jj])
         cand_j: list[np.ndarray] = []
         cand_k: list[np.ndarray] = []
-        for off in (-1, 0):
-            idx = pos + off
-            ok = (idx >= 0) & (idx < gg.size)
-            idx_c = np.clip(idx, 0, max(0, gg.size - 1))
-            if gg.size == 0:
-                break
-            ok &= g_slot[idx_c] == home[jj]
+        for idx in (pos - 1, pos):
+            idx_c = np.clip(idx, 0, gg.size - 1)
+            ok = (idx >= 0) & (idx < gg.size) & (g_slot[idx_c] == home[jj])
             cand_j.append(jj[ok])
             cand_k.append(gg[idx_c[ok]])
-        if not cand_j:
-            break
         cj = np.concatenate(cand_j)
         ck = np.concatenate(cand_k)
         s = where[cj]
         h = home[cj]
-        fit = p.fits_a[ptype[s], ck] & (s != h)
+        fit = p.fits_a[ptype[s], ck]
         cj, ck, s, h = cj[fit], ck[fit], s[fit], h[fit]
         if cj.size == 0:
             break
