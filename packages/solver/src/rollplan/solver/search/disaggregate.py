@@ -135,6 +135,7 @@ def pack_decreasing(
     clock: Callable[[], float],
     rounds: int = 14,
     grow: float = 0.0,
+    min_gain: float = 0.0,
 ) -> SlotState | None:
     """Next-fit-decreasing packing by own time (critical path at batch 1 on the most common slot type, then
     length), bisecting the target makespan in [lo, hi].
@@ -150,6 +151,12 @@ def pack_decreasing(
     ``grow`` > 0: until a target packs, the targets climb from ``lo`` instead, lo (1 + grow 2^i) (then the
     bisection): where ``hi`` is far above what packs and the packing lands near ``lo`` (a placement left
     longest-first far above its bound), a few rounds get there.
+
+    ``min_gain`` > 0: no round starts while the window is narrower than ``min_gain`` x ``hi``. A packing
+    within a target below ``hi`` lowers the makespan by at most (hi - lo) / hi, so a window narrower than the
+    planner's own tolerance (``PlannerConfig.relative_gap``, what the pipeline passes) can gain only what the
+    planner has said it does not chase, at one O(|J|) pass per round (the bisection's last rounds, each a
+    failure closer to ``hi``, are where that time went).
 
     Every completed round is recorded on the instance per roles (``_pack_record``): a later call for the same
     roles (the pipeline's, after the greedy's) starts from the targets that failed and the best packing, and
@@ -178,7 +185,7 @@ def pack_decreasing(
     last = 0.0  # the longest round so far: a round that cannot end before ``until`` is not started
     for _ in range(rounds):
         t_round = clock()
-        if t_round + last >= until or hi <= lo * (1 + 1e-4):
+        if t_round + last >= until or hi <= lo * (1 + 1e-4) or hi - lo < min_gain * hi:
             break
         if best is None and known is None and step > 0 and lo * (1 + step) < hi:
             target = lo * (1 + step)

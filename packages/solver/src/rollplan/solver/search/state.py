@@ -346,27 +346,23 @@ class SlotState:
                 finish[s] = self.finish[s]
                 if r is Role.DECODE:
                     prefill_work += sum(prep.P[j] for j in self.members[s])
-        for j, m in moves(prep, self.where):
-            switching += m * inst.slots[self.where[j]].tp
+        switching += move_switching(prep, self.where)
         overrun = sum(close_slots(inst, roles, finish, pre, prefill_work))
         if prefill_work > 0 and not pre:
             return roles, math.inf
         return roles, max(finish, default=0.0) + cfg.switch_weight * switching + cfg.deadline_penalty * overrun
 
 
-def moves(prep: Tables, where: Sequence[int]) -> list[tuple[int, float]]:
-    """(j, m_js) for every trajectory j whose move to ``where[j]`` is not 0, in trajectory order."""
-    x = prep.x
+def move_switching(prep: Tables, where: Sequence[int]) -> float:
+    """sum_j tp_s m_js over the placement ``where`` (vectorised; ``SlotState.move_sw`` kept incrementally)."""
     if not len(where):
-        return []
+        return 0.0
+    x = prep.x
     pl = np.asarray(where, dtype=np.int64)
-    home = x.home
-    moved = np.nonzero((home >= 0) & (home != pl))[0]
+    moved = np.nonzero((x.home >= 0) & (x.home != pl))[0]
     if not moved.size:
-        return []
-    m = prep.moves_of(moved, pl[moved])
-    keep = m != 0.0  # ``if m:`` (a zero move adds nothing)
-    return list(zip(moved[keep].tolist(), m[keep].tolist(), strict=True))
+        return 0.0
+    return float((prep.moves_of(moved, pl[moved]) * x.tp[pl[moved]]).sum())
 
 
 def state_of(prep: Tables, roles: Sequence[Role], placement: Sequence[int]) -> SlotState:
