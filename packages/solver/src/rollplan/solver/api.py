@@ -58,6 +58,7 @@ from rollplan.solver.core.evaluate import Evaluation, evaluate
 from rollplan.solver.core.instance import Instance, build_instance, usable_slots
 from rollplan.solver.core.validate import validate_plan
 from rollplan.solver.inputs import check_inputs
+from rollplan.solver.model.formulation import is_small
 from rollplan.solver.search.placement import solve_greedy
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,11 @@ actions, bounds, make_plan, validation): fixed + per (slot + trajectory). On an 
 takes about half of it; the rest is for a loaded machine (with 1e-5 per item, ``rollplan bench planner``'s
 heterogeneous L cell went past its 1 s limit at load 0.6)."""
 LP_MIN_SECONDS = 0.05
+AGGREGATING = frozenset({"milp", "cpsat"})
+"""The backends that run the aggregate pipeline on large instances (``backends.pipeline.solve_large``)."""
+HINT_CONFIGS = 2
+"""Role configurations the greedy places as the hint of the aggregate pipeline: the best-estimated one and
+"keep" (one configuration when they are the same), what ``search.placement`` places above ``LARGE``."""
 OWN_BOUNDS = frozenset({BOUND_WORK, BOUND_CRITICAL_PATH, BOUND_LP, BOUND_WORK_HEAD, BOUND_PATH_HEAD, BOUND_CORUNNING})
 """The bounds ``compute_bounds`` computes itself (the others in a plan's bounds are a backend's own)."""
 
@@ -227,7 +233,15 @@ def plan(snapshot: ClusterSnapshot, *, previous: Plan | None = None, config: Pla
     # so no backend returns worse than greedy alone at the same time limit. (It used to get 15% of the
     # limit, and an exact backend at 0.1-0.2 s then lost to greedy.)
     arrays = inst.arrays if inst.trajs else None
-    g_roles, g_place, _ = solve_greedy(inst, until=work_until, arrays=arrays)
+    # Before the aggregate pipeline (milp, cpsat on large instances) the greedy places the configuration its
+    # fluid estimate ranks first and "keep" only: the pipeline's aggregate model chooses the role counts per
+    # slot group itself (``model.aggregate``), so a third configuration placed here mostly spends the time
+    # its polish needs (work-bound 256 x 4,096: the P:D split the greedy placed second took 0.06-0.14 s and
+    # ended 5-15% above "keep").
+    hinted = config.backend in AGGREGATING and not is_small(inst, work_until - clock())
+    g_roles, g_place, _ = solve_greedy(
+        inst, until=work_until, arrays=arrays, configs=HINT_CONFIGS if hinted else None
+    )
     greedy = _Candidate("greedy", tuple(g_roles), tuple(g_place), SolveStatus.HEURISTIC)
     cands: list[_Candidate] = [greedy]
 

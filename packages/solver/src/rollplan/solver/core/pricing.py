@@ -142,7 +142,7 @@ def slot_time(
     decode time = c ΣD + a max(max D, Σ O w); extra = Σ (e_js + m_js); longest path = max_j Q_js +
     phi (c ΣD + Σ e_js) (``phic`` = phi c_s). An empty slot gives st_s (all sums 0).
     """
-    if isinstance(max_d, np.ndarray) or isinstance(occ, np.ndarray):
+    if type(occ) is not float and (isinstance(max_d, np.ndarray) or isinstance(occ, np.ndarray)):
         body = c * sum_d + a * np.maximum(max_d, occ) + extra
         return st + np.maximum(body, longest_path(cp, phic, phi, sum_d, stall))
     # Scalars (the searches' hot loops: ~10^6 calls per large solve): the same operations, without calls.

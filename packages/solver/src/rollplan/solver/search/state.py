@@ -197,7 +197,7 @@ class SlotState:
         if d > self.max_d[s]:
             self.max_d[s] = d
         self.occ[s] += p.occw[k][j]
-        own = self._own(j, s)
+        own = p.mix[k][j] if self.mixed[s] else p.dec[k][j]  # _own(j, s), inlined: the searches' hot path
         m = p.move(j, s)
         self.extra[s] += own + m
         self.stall[s] += own
@@ -209,7 +209,9 @@ class SlotState:
         self.move_sw += m * p.tp[s]
         if self.roles[s] is Role.DECODE:
             self.prefill_work += p.P[j]
-        self.finish[s] = self._finish(s)
+        self.finish[s] = self._time(
+            s, self.sum_d[s], self.max_d[s], self.occ[s], self.extra[s], self.cp[s], self.stall[s]
+        ) if self.hosts[s] else self._finish(s)
 
     def remove(self, j: int) -> None:
         p = self.prep
