@@ -240,7 +240,7 @@ def plan(snapshot: ClusterSnapshot, *, previous: Plan | None = None, config: Pla
     # ended 5-15% above "keep").
     hinted = config.backend in AGGREGATING and not is_small(inst, work_until - clock())
     g_roles, g_place, _ = solve_greedy(
-        inst, until=work_until, arrays=arrays, configs=HINT_CONFIGS if hinted else None
+        inst, until=work_until, arrays=arrays, n_configs=HINT_CONFIGS if hinted else None
     )
     greedy = _Candidate("greedy", tuple(g_roles), tuple(g_place), SolveStatus.HEURISTIC)
     cands: list[_Candidate] = [greedy]

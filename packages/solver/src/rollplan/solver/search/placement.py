@@ -644,12 +644,12 @@ def solve_greedy(
     *,
     until: float | None = None,
     arrays: InstanceArrays | None = None,
-    configs: int | None = None,
+    n_configs: int | None = None,
 ) -> tuple[list[Role], list[int], float]:
     """The greedy decision for ``inst``: (roles, placement, estimated objective).
 
     The local search stops at ``until`` on ``inst.config.clock``; at least one configuration is always
-    placed (so the answer can come late when ``until`` is already past: O(|J| log |S|) work). ``configs``:
+    placed (so the answer can come late when ``until`` is already past: O(|J| log |S|) work). ``n_configs``:
     how many role configurations ``candidate_configs`` picks (default ``FULL_CONFIGS``, 2 above ``LARGE``).
     """
     clock = inst.config.clock
@@ -663,7 +663,7 @@ def solve_greedy(
         return roles, [], 0.0
     prep = Prep(inst, arrays)
     big = len(inst.trajs) * max(1, prep.n_types) > LARGE
-    configs = candidate_configs(prep, limit=configs if configs is not None else 2 if big else FULL_CONFIGS)
+    configs = candidate_configs(prep, limit=n_configs if n_configs is not None else 2 if big else FULL_CONFIGS)
     best: tuple[float, int, list[Role], list[int]] | None = None
     # Every core bound, the on-time ones too (a plan at this value cannot be beaten on time): where the search
     # stops and where the packing's targets start. Memoised on the instance: plan() reports the same ones.
