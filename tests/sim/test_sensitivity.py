@@ -2,7 +2,8 @@
 
 Invariants checked:
 - each constant's option reaches the policy's decisions (``dispatch_z``: the dispatch key is the predicted
-  mean at 0 and grows with z; ``critical_share``: the predicted-critical set shrinks as the share rises);
+  mean at 0 and grows with z; ``critical_share``: the predicted-critical set shrinks as the share rises;
+  ``path_z``: the planner prices the same first state's critical paths longer at 3 spreads than at 0);
 - a variant at the default's value reproduces the default exactly (the ratio is 1: the runs are
   deterministic and the option is the only difference).
 """
@@ -15,7 +16,7 @@ import pytest
 
 from rollplan.policy.dispatch import CRITICAL_SHARE, KV_HEADROOM
 from rollplan.sim.bench_sensitivity import HeldOut, run_sensitivity
-from rollplan.sim.policies import make_policy
+from rollplan.sim.policies import RollplanPolicy, make_policy
 from rollplan.sim.replay import BatchSource, Scenario, builtin_bases, run_policy
 
 
@@ -25,6 +26,7 @@ class _Paths:
     @staticmethod
     def run(**options) -> tuple[list[dict[int, float]], list[int]]:
         pol = make_policy("rollplan", backend="greedy", time_limit=0.02, **options)
+        assert isinstance(pol, RollplanPolicy)
         keys: list[dict[int, float]] = []
         crit: list[int] = []
         decide = pol.decide
@@ -63,3 +65,26 @@ def test_a_variant_at_the_default_value_reproduces_the_default(shared_data: Path
     assert rows[0]["over_default"]["t"] == rows[1]["over_default"]["t"] == 1.0
     assert doc["scenarios"]["t"]["default_tokens_per_s"] > 0
     assert set(doc["best_other_over_default"]) == {"t"}
+
+
+def test_path_z_reaches_the_plans() -> None:
+    """``path_z`` is the rollplan policy's planner option: the first plan of the same state reports a longer
+    makespan with the critical paths at 3 spreads than at the means (the snapshots carry the spreads)."""
+    spans: dict[float, float] = {}
+    for z in (0.0, 3.0):
+        pol = make_policy("rollplan", backend="greedy", time_limit=0.02, path_z=z)
+        assert isinstance(pol, RollplanPolicy)
+        first: list[float] = []
+        decide = pol.decide
+
+        def spy(sim, reason, decide=decide, pol=pol, first=first):
+            decide(sim, reason)
+            if not first and pol.planner.previous is not None:
+                first.append(pol.planner.previous.makespan)
+
+        pol.decide = spy  # type: ignore[method-assign]
+        src = BatchSource.dataset(builtin_bases(2, prompts=8), groups=4, samples=4, seed=2, max_context=40960)
+        run_policy(Scenario("s", src, dedicated=2, max_batches=1, warmup_batches=2, seed=2), pol)
+        assert pol.planner.config.path_z == z
+        spans[z] = first[0]
+    assert spans[3.0] > spans[0.0]

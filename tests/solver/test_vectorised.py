@@ -31,7 +31,7 @@ from rollplan.solver.search import placement as greedy
 from rollplan.solver.search.state import SlotState
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
-ARRAY_FIELDS = ("D", "P", "W", "kbar", "peak", "ctx", "home", "kv_lost", "a", "c", "mu", "kv", "tau", "node", "type_of")
+ARRAY_FIELDS = ("D", "P", "W", "Dsd", "Wsd", "Dq", "Wq", "kbar", "peak", "ctx", "home", "kv_lost", "a", "c", "mu", "kv", "tau", "node", "type_of")
 
 
 def _same_arrays(a: Instance, b: Instance) -> None:

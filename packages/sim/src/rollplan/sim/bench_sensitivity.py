@@ -2,7 +2,7 @@
 scenarios that were not used to choose them.
 
 The constants of ``rollplan.policy.dispatch`` (``KV_HEADROOM``, ``BULK_HEADROOM``, ``CRITICAL_HEADROOM``,
-``BULK_SHARE``, ``CRITICAL_SHARE``, ``DISPATCH_Z``) were chosen on the replay bench's traces (Bamboo p3 / g4dn,
+``BULK_SHARE``, ``CRITICAL_SHARE``, ``DISPATCH_Z``) and the policy's ``PATH_Z`` were chosen on the replay bench's traces (Bamboo p3 / g4dn,
 the bench's SWE-bench workload at seed 0). This bench moves each one alone to a value below and above its
 default, and also turns the headroom rule off (``kv_headroom=0``: the engine's watermark alone), on held-out
 scenarios: synthetic preemptible-GPU traces (``synthetic_spot_trace``, seeds never used by the bench) over
@@ -31,7 +31,7 @@ from rollplan.policy.dispatch import (
 )
 from rollplan.sim.bench_replay import check_bench_data, workload_options
 from rollplan.sim.lending import LendingConfig, LendMode
-from rollplan.sim.policies import make_policy
+from rollplan.sim.policies import PATH_Z, make_policy
 from rollplan.sim.replay import BatchSource, Scenario, run_replay, swebench_bases
 from rollplan.sim.traces import synthetic_spot_trace
 
@@ -70,12 +70,16 @@ VARIANTS: tuple[tuple[str, str, float], ...] = (
     ("critical_share", "CRITICAL_SHARE", 0.95),
     ("dispatch_z", "DISPATCH_Z", 0.0),
     ("dispatch_z", "DISPATCH_Z", 3.0),
+    ("path_z", "PATH_Z", 1.0),
+    ("path_z", "PATH_Z", 1.77),
 )
 """(``RollplanPolicy`` option, constant, value): each moved alone from its default. ``kv_headroom`` 0 turns the
-whole headroom rule off (no headroom anywhere); ``dispatch_z`` 0 dispatches by the predicted mean."""
+whole headroom rule off (no headroom anywhere); ``dispatch_z`` 0 dispatches by the predicted mean; ``path_z``
+prices the planner's critical paths at that many spreads above the predictions (``PlannerConfig.path_z``)."""
 
 DEFAULTS = {"KV_HEADROOM": KV_HEADROOM, "BULK_HEADROOM": BULK_HEADROOM, "CRITICAL_HEADROOM": CRITICAL_HEADROOM,
-            "BULK_SHARE": BULK_SHARE, "CRITICAL_SHARE": CRITICAL_SHARE, "DISPATCH_Z": DISPATCH_Z}
+            "BULK_SHARE": BULK_SHARE, "CRITICAL_SHARE": CRITICAL_SHARE, "DISPATCH_Z": DISPATCH_Z,
+            "PATH_Z": PATH_Z}
 
 OTHERS = ("elastic-colocated", "elastic-plus")
 """The policies the default rollplan is compared with (the strongest baselines of ``rollplan bench replay``)."""

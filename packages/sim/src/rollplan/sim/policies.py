@@ -364,6 +364,9 @@ class FormulaPD(BasePolicy):
 # their docstrings say what they mean); re-exported here for the policies below and their callers.
 _NO_SLOTS: frozenset[int] = frozenset()
 _NO_HEADROOM = Headrooms(0.0)
+PATH_Z = 0.0
+"""``PlannerConfig.path_z`` of the rollplan policy's planner (critical paths at this many spreads above the
+predictions)."""
 
 
 def _group_floors(live: Sequence[Any], progress: Sequence[tuple[float, int, float, int]]
@@ -408,7 +411,7 @@ class RollplanPolicy(BasePolicy):
                  deterministic: bool = True, charge_solve: bool = True, kv_headroom: float = KV_HEADROOM,
                  bulk_headroom: float = BULK_HEADROOM, critical_headroom: float = CRITICAL_HEADROOM,
                  bulk_share: float = BULK_SHARE, critical_share: float = CRITICAL_SHARE,
-                 dispatch_z: float = DISPATCH_Z) -> None:
+                 dispatch_z: float = DISPATCH_Z, path_z: float = PATH_Z) -> None:
         from rollplan.sim.predict import Predictor
         from rollplan.solver import BACKENDS, Planner, PlannerConfig
 
@@ -434,6 +437,7 @@ class RollplanPolicy(BasePolicy):
         self.bulk_share = bulk_share
         self.critical_share = critical_share
         self.dispatch_z = dispatch_z
+        self.path_z = path_z
         # Predicted-critical trajectories (``CRITICAL_SHARE``): None = recompute from ``_cp`` when next needed;
         # their slots, cached for one instant (``_crit_slots_at``).
         self._crit: set[int] | None = None
@@ -466,6 +470,7 @@ class RollplanPolicy(BasePolicy):
             role_switch_seconds=sim.cfg.role_switch_s,
             clock=time.perf_counter,
             deterministic=self.deterministic,
+            path_z=self.path_z,
         )
         self.planner = self._Planner(cfg)
 
@@ -1002,7 +1007,7 @@ def make_policy(name: str, **options: Any) -> BasePolicy:
         return RollplanPolicy(**{k: v for k, v in options.items()
                                  if k in ("backend", "time_limit", "switch_weight", "deterministic", "charge_solve",
                                           "kv_headroom", "bulk_headroom", "critical_headroom", "bulk_share",
-                                          "critical_share", "dispatch_z")})
+                                          "critical_share", "dispatch_z", "path_z")})
     raise UnknownNameError("policy", name, POLICY_NAMES)
 
 

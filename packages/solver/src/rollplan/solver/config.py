@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,13 @@ class PlannerConfig:
     The wall time is not bounded by ``time_limit`` then: small budgets overrun by the solvers' fixed root
     work (HiGHS presolve / cuts / sub-MIPs, up to ~0.7 s measured at a 0.05 s budget on 2 loaded cores).
 
+    ``path_z``: each trajectory's critical path is priced at its predicted decode tokens and tool seconds
+    plus ``path_z`` spreads (the snapshot's ``Estimate.spread``), its work at the means: a batch ends when its
+    longest trajectory does, and of a prompt's uncertain trajectories the long ones decide that, so a plan
+    that balances slots by mean paths leaves the likely-long ones beside too much work. 0 (the default):
+    the means alone. ``rollplan.policy.dispatch.DISPATCH_Z`` (the expected largest of a 16-sample group) is
+    what the simulator's and the executor's rollplan policy pass, the same pessimism their dispatch uses.
+
     ``start_idle``: the plan also starts, as MIXED, the OFF slots without a return deadline that it leaves
     empty and that could serve before its makespan (``core.actions.start_idle``): available GPUs serve what
     the dispatcher cannot place on the planned ones. False: the plan uses only the GPUs its placement needs.
@@ -65,9 +73,13 @@ class PlannerConfig:
     co_running: float | None = None
     deterministic: bool = False
     start_idle: bool = True
+    path_z: float = 0.0
     clock: Callable[[], float] = time.perf_counter
 
     def __post_init__(self) -> None:
+        if not (self.path_z >= 0.0 and math.isfinite(self.path_z)):
+            raise UserInputError(f"PlannerConfig.path_z={self.path_z!r} is not a finite number >= 0",
+                                 fix="pass the spreads to add to each critical path, e.g. 0 (the means) or 1.77")
         if self.co_running is not None and not 0.0 <= self.co_running <= 1.0:
             raise UserInputError(f"PlannerConfig.co_running={self.co_running!r} is outside [0, 1]",
                                  fix="pass a share in [0, 1], or None to estimate it per snapshot")

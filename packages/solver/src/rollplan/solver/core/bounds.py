@@ -238,13 +238,14 @@ def critical_path_bound(inst: Instance, arrays: InstanceArrays | None = None, *,
 
 
 def _critical_path_bound(x: InstanceArrays, on_time: bool) -> float:
-    d, p, w, ctx, home = x.D, x.P, x.W, x.ctx, x.home
+    d, p, ctx, home = x.D, x.P, x.ctx, x.home
+    dq, wq = x.Dq, x.Wq  # the paths' inputs (``PlannerConfig.path_z``)
     best = np.full(d.shape, math.inf)
     lost = home < 0
     for k, r in enumerate(x.rep):
         a, c, mu, cross, same = x.a[r], x.c[r], x.mu[r], x.cross[r], x.same[r]
         fits = x.peak <= x.kv[r]
-        cp = pricing.critical_path(d, w, p, a, c, mu)
+        cp = pricing.critical_path(dq, wq, p, a, c, mu)
         own_prefill = np.minimum(p / mu, pricing.kv_receive_seconds(p, cross))
         move = np.where(lost, 0.0, pricing.move_seconds(ctx, max(same, cross), mu))
         own = np.maximum(cp, d * (a + c) + move + own_prefill)
@@ -267,7 +268,7 @@ def _critical_path_bound(x: InstanceArrays, on_time: bool) -> float:
         h = home[j]
         a, c, mu, cross = x.a[h], x.c[h], x.mu[h], x.cross[h]
         fits = x.peak[j] <= x.kv[h]
-        cp = pricing.critical_path(d[j], w[j], p[j], a, c, mu)
+        cp = pricing.critical_path(dq[j], wq[j], p[j], a, c, mu)
         val = x.stlb[h] + np.maximum(cp, d[j] * (a + c) + np.minimum(p[j] / mu, pricing.kv_receive_seconds(p[j], cross)))
         if on_time:
             fits &= val <= x.deadline[h] + 1e-9
@@ -650,7 +651,7 @@ def _path_head_bound(x: InstanceArrays, phi: float, on_time: bool, floor: float)
     e_mixed = x.P[None, :] / mu_t[:, None]
     e_recv = pricing.kv_receive_seconds(x.P[None, :], cross_t[:, None])
     e_min = np.minimum(e_mixed, e_recv)
-    d_row, w_row, p_row = x.D[None, :], x.W[None, :], x.P[None, :]
+    d_row, w_row, p_row = x.Dq[None, :], x.Wq[None, :], x.P[None, :]
     cp = pricing.critical_path(d_row, w_row, p_row, a_t[:, None], c_t[:, None], mu_t[:, None])
     q = pricing.own_path(cp, x.D[None, :], np.maximum(e_mixed, e_recv), phi * c_t[:, None], phi)
     parts = (cd, e_min, dec, q)
@@ -816,7 +817,7 @@ def _corunning_bound(x: InstanceArrays, phi: float, on_time: bool, floor: float)
     dec, fit = type_work(x)
     a_t, c_t, mu_t, cross_t = x.a[x.rep], x.c[x.rep], x.mu[x.rep], x.cross[x.rep]
     col = (slice(None), None)
-    cp = pricing.critical_path(x.D[None, :], x.W[None, :], x.P[None, :], a_t[col], c_t[col], mu_t[col])
+    cp = pricing.critical_path(x.Dq[None, :], x.Wq[None, :], x.P[None, :], a_t[col], c_t[col], mu_t[col])
     cp_least = np.where(fit, cp, np.inf).min(axis=0)
     if not np.isfinite(cp_least).all():
         return 0.0  # a trajectory no slot fits: the instance is infeasible (checked elsewhere)

@@ -96,7 +96,9 @@ def evaluate_reference(inst: Instance, roles: Sequence[Role], placement: Sequenc
             prefill_for_decode += t.prefill
         extra[s] += own + move
         stall[s] += own
-        cp_js = pricing.critical_path(d, t.tool, t.prefill, sl.a, sl.c, mu)
+        z = inst.config.path_z
+        cp_js = pricing.critical_path(pricing.path_quantile(d, t.decode_spread, z),
+                                      pricing.path_quantile(t.tool, t.tool_spread, z), t.prefill, sl.a, sl.c, mu)
         path = pricing.own_path(cp_js, d, own, inst.phi * sl.c, inst.phi)  # Q_js
         if path > cp[s]:
             cp[s] = path
@@ -145,7 +147,8 @@ def evaluate(inst: Instance, roles: Sequence[Role], placement: Sequence[int]) ->
     mixed = is_mixed[ps]
     own = pricing.stall_seconds(p, mixed, mu, x.cross[ps])
     extra_j = own + move
-    path = pricing.own_path(pricing.critical_path(d, w, p, x.a[ps], x.c[ps], mu), d, own, inst.phi * x.c[ps], inst.phi)
+    path = pricing.own_path(pricing.critical_path(x.Dq[v], x.Wq[v], p, x.a[ps], x.c[ps], mu), d, own,
+                            inst.phi * x.c[ps], inst.phi)
     sum_d = np.bincount(ps, d, minlength=n_s)
     occ = np.bincount(ps, occ_j, minlength=n_s)
     extra = np.bincount(ps, extra_j, minlength=n_s)

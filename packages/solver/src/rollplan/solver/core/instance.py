@@ -126,6 +126,8 @@ class TrajCoeffs:
     context: int
     home: int | None
     kv_lost: bool
+    decode_spread: float = 0.0
+    tool_spread: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -135,7 +137,9 @@ class InstanceArrays:
 
     Every value is the same float as the corresponding ``SlotCoeffs`` / ``TrajCoeffs`` field. Shared by
     ``evaluate``, the bounds and the greedy / repair backends. ``deadline`` is +inf where a slot has none;
-    ``home`` is -1 where a trajectory has no home (new, or its KV was lost). ``type_of[s]`` indexes slot types
+    ``home`` is -1 where a trajectory has no home (new, or its KV was lost). ``Dq`` / ``Wq``: decode tokens
+    and tool seconds at ``config.path_z`` spreads (``Dsd`` / ``Wsd``) above ``D`` / ``W``
+    (``pricing.path_quantile``), what every critical path is priced with; ``D`` / ``W`` everywhere else. ``type_of[s]`` indexes slot types
     (slots equal in every perf coefficient); ``rep[k]`` is one slot of type k. ``node[s]``: an integer per
     distinct node name. Read-only by contract (the arrays are shared, never written).
     """
@@ -164,11 +168,15 @@ class InstanceArrays:
     ctx: np.ndarray
     home: np.ndarray
     kv_lost: np.ndarray
+    Dsd: np.ndarray
+    Wsd: np.ndarray
     ids: tuple[str, ...]
     groups: tuple[str, ...]
+    Dq: np.ndarray
+    Wq: np.ndarray
 
 
-_TRAJ_FIELDS = ("D", "P", "W", "kbar", "peak", "ctx", "home", "kv_lost", "ids", "groups")
+_TRAJ_FIELDS = ("D", "P", "W", "kbar", "peak", "ctx", "home", "kv_lost", "Dsd", "Wsd", "ids", "groups")
 
 
 def _take(cols: dict[str, Any], keep: Sequence[int]) -> dict[str, Any]:
@@ -211,6 +219,8 @@ class TrajTable(Sequence[TrajCoeffs]):
                     x["ctx"].astype(np.int64).tolist(),
                     homes,
                     x["kv_lost"].tolist(),
+                    x["Dsd"].tolist(),
+                    x["Wsd"].tolist(),
                 )
             )
         return self._items
@@ -264,7 +274,10 @@ class Instance:
     def __post_init__(self) -> None:
         t = self.trajs
         cols = t.columns if isinstance(t, TrajTable) else _columns_of(t)
-        x = InstanceArrays(**_slot_arrays(self.slots, self.config.role_switch_seconds), **cols)
+        z = self.config.path_z
+        paths = {"Dq": pricing.path_quantile(cols["D"], cols["Dsd"], z),
+                 "Wq": pricing.path_quantile(cols["W"], cols["Wsd"], z)}
+        x = InstanceArrays(**_slot_arrays(self.slots, self.config.role_switch_seconds), **cols, **paths)
         object.__setattr__(self, "arrays", x)
 
     def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
@@ -337,7 +350,7 @@ class Instance:
     def critical_path(self, j: int, s: int) -> float:
         """CP_js: j's own remaining time on slot s at batch 1 (decode, tools, its prefill)."""
         x, sl = self.arrays, self.slots[s]
-        return pricing.critical_path(float(x.D[j]), float(x.W[j]), float(x.P[j]), sl.a, sl.c, sl.mu)
+        return pricing.critical_path(float(x.Dq[j]), float(x.Wq[j]), float(x.P[j]), sl.a, sl.c, sl.mu)
 
     def stall_seconds(self, j: int, s: int, role: Role) -> float:
         """e_js: seconds j's own prefill (MIXED: P_j / mu_s) or KV receive (DECODE: x_js) stalls slot s."""
@@ -405,6 +418,8 @@ def _columns_of(trajs: Sequence[TrajCoeffs]) -> dict[str, Any]:
         "ctx": np.array([float(t.context) for t in tr], dtype=float),
         "home": np.array([-1 if t.home is None else t.home for t in tr], dtype=np.int64),
         "kv_lost": np.array([t.kv_lost for t in tr], dtype=bool),
+        "Dsd": np.array([t.decode_spread for t in tr], dtype=float),
+        "Wsd": np.array([t.tool_spread for t in tr], dtype=float),
         "ids": tuple(t.id for t in tr),
         "groups": tuple(t.group for t in tr),
     }
@@ -526,6 +541,8 @@ def _traj_coeffs(t: Trajectory, home: int | None, max_context: int, snap_time: f
         context=t.context_tokens,
         home=home,
         kv_lost=kv_lost,
+        decode_spread=t.remaining_decode_tokens.spread,
+        tool_spread=t.remaining_tool_seconds.spread,
     )
 
 
@@ -540,7 +557,7 @@ def _traj_columns(
     n = len(unfinished)
     if n == 0:
         empty = np.zeros(0)
-        return dict.fromkeys(("D", "P", "W", "kbar", "peak", "ctx"), empty) | {
+        return dict.fromkeys(("D", "P", "W", "kbar", "peak", "ctx", "Dsd", "Wsd"), empty) | {
             "home": np.zeros(0, dtype=np.int64),
             "kv_lost": np.zeros(0, dtype=bool),
             "ids": (),
@@ -576,6 +593,8 @@ def _traj_columns(
         "ctx": ctx,
         "home": home,
         "kv_lost": kv_lost,
+        "Dsd": np.array([t.remaining_decode_tokens.spread for t in u], dtype=float),
+        "Wsd": np.array([t.remaining_tool_seconds.spread for t in u], dtype=float),
         "ids": ids,
         "groups": tuple([t.group for t in u]),
     }
@@ -639,8 +658,8 @@ def co_running_share(x: InstanceArrays) -> float:
     if not x.D.size or not x.type_of.size:
         return 0.0
     r = int(x.rep[int(np.bincount(x.type_of).argmax())])
-    dec = x.D * (x.a[r] + x.c[r])
-    cp = pricing.critical_path(x.D, x.W, x.P, x.a[r], x.c[r], x.mu[r])
+    dec = x.Dq * (x.a[r] + x.c[r])
+    cp = pricing.critical_path(x.Dq, x.Wq, x.P, x.a[r], x.c[r], x.mu[r])
     top = np.argsort(-cp, kind="stable")[:CO_RUNNING_TOP]
     total = float(cp[top].sum())
     return min(1.0, max(0.0, float(dec[top].sum()) / total)) if total > 0 else 0.0

@@ -117,6 +117,12 @@ def stall_seconds(prefill: N, mixed: Any, mu: Any, cross: Any) -> N:
     return prefill / mu if mixed else kv_receive_seconds(prefill, cross)
 
 
+def path_quantile(mean: N, spread: N, z: float) -> N:
+    """A critical path's input (decode tokens, tool seconds) at ``z`` spreads above its mean
+    (``PlannerConfig.path_z``): what every ``critical_path`` of the instance is priced with."""
+    return mean + z * spread if z else mean
+
+
 def critical_path(decode: N, tool: N, prefill: N, a: Any, c: Any, mu: Any) -> N:
     """CP_js: j's own remaining time on s at batch 1 (decode steps, tool waits, its prefill)."""
     return decode * (a + c) + tool + prefill / mu

@@ -48,7 +48,7 @@ class Tables:
         self.move_cross_a = np.empty((n_types, n_j))
         for k, r in enumerate(x.rep.tolist()):
             self.occw_a[k] = pricing.occupancy_work(x.D, x.W, x.kbar, x.tau[r], x.kv[r])
-            self.cp_a[k] = pricing.critical_path(x.D, x.W, x.P, x.a[r], x.c[r], x.mu[r])
+            self.cp_a[k] = pricing.critical_path(x.Dq, x.Wq, x.P, x.a[r], x.c[r], x.mu[r])
             self.mix_a[k] = pricing.stall_seconds(x.P, True, x.mu[r], x.cross[r])
             self.dec_a[k] = pricing.stall_seconds(x.P, False, x.mu[r], x.cross[r])
             phic = inst.phi * x.c[r]
