@@ -2,8 +2,9 @@
 scenarios that were not used to choose them.
 
 The constants of ``rollplan.policy.dispatch`` (``KV_HEADROOM``, ``BULK_HEADROOM``, ``CRITICAL_HEADROOM``,
-``BULK_SHARE``, ``CRITICAL_SHARE``, ``DISPATCH_Z``) and the policy's ``PATH_Z`` were chosen on the replay bench's traces (Bamboo p3 / g4dn,
-the bench's SWE-bench workload at seed 0). This bench moves each one alone to a value below and above its
+``BULK_SHARE``, ``CRITICAL_SHARE``, ``DISPATCH_Z``) were chosen on the replay bench's traces (Bamboo p3 / g4dn,
+the bench's SWE-bench workload at seed 0); the policy's ``PATH_Z`` (0, the planner's critical paths at the
+means) is checked here against 1 and 1.77. This bench moves each one alone to a value below and above its
 default, and also turns the headroom rule off (``kv_headroom=0``: the engine's watermark alone), on held-out
 scenarios: synthetic preemptible-GPU traces (``synthetic_spot_trace``, seeds never used by the bench) over
 dedicated and lent GPUs, SWE-bench-built batches at other workload seeds, with a cross-batch history, for

@@ -47,10 +47,10 @@ class PlannerConfig:
 
     ``path_z``: each trajectory's critical path is priced at its predicted decode tokens and tool seconds
     plus ``path_z`` spreads (the snapshot's ``Estimate.spread``), its work at the means: a batch ends when its
-    longest trajectory does, and of a prompt's uncertain trajectories the long ones decide that, so a plan
-    that balances slots by mean paths leaves the likely-long ones beside too much work. 0 (the default):
-    the means alone. ``rollplan.policy.dispatch.DISPATCH_Z`` (the expected largest of a 16-sample group) is
-    what the simulator's and the executor's rollplan policy pass, the same pessimism their dispatch uses.
+    longest trajectory does, and of uncertain trajectories the long ones decide that. 0 (the default): the
+    means alone, which is also what the simulator's rollplan policy (``rollplan.sim.policies.PATH_Z``) and
+    the executor plan with; 1.77 (``DISPATCH_Z``) was measured and not adopted (README, "Critical paths at a
+    quantile").
 
     ``start_idle``: the plan also starts, as MIXED, the OFF slots without a return deadline that it leaves
     empty and that could serve before its makespan (``core.actions.start_idle``): available GPUs serve what

@@ -74,6 +74,7 @@ def evaluate_reference(inst: Instance, roles: Sequence[Role], placement: Sequenc
     switching = 0.0
     prefill_for_decode = 0.0
     trajs, slots = inst.trajs, inst.slots
+    path_z = inst.config.path_z  # critical paths at this many spreads above the means
     for j, s in enumerate(placement):
         t = trajs[j]
         role = roles[s]
@@ -96,9 +97,8 @@ def evaluate_reference(inst: Instance, roles: Sequence[Role], placement: Sequenc
             prefill_for_decode += t.prefill
         extra[s] += own + move
         stall[s] += own
-        z = inst.config.path_z
-        cp_js = pricing.critical_path(pricing.path_quantile(d, t.decode_spread, z),
-                                      pricing.path_quantile(t.tool, t.tool_spread, z), t.prefill, sl.a, sl.c, mu)
+        cp_js = pricing.critical_path(pricing.path_quantile(d, t.decode_spread, path_z),
+                                      pricing.path_quantile(t.tool, t.tool_spread, path_z), t.prefill, sl.a, sl.c, mu)
         path = pricing.own_path(cp_js, d, own, inst.phi * sl.c, inst.phi)  # Q_js
         if path > cp[s]:
             cp[s] = path
