@@ -7,11 +7,11 @@ import pytest
 
 from rollplan.models.errors import UnknownNameError, UserInputError
 from rollplan.models.types import AvailabilityEvent, EventKind, Role, Slot, SlotSource
+from rollplan.policy.dispatch import regime_makespan
 from rollplan.sim.engine import DECODING, SimConfig, SimTraj
 from rollplan.sim.lending import LendingConfig, LendMode
 from rollplan.sim.policies import (
     BULK_HEADROOM,
-    BULK_SHARE,
     CRITICAL_HEADROOM,
     CRITICAL_SHARE,
     KV_HEADROOM,
@@ -178,8 +178,15 @@ class _AuditedRollplan(RollplanPolicy):
 
         super()._apply(sim, plan)
         if not isinstance(plan, RollplanError) and self._cp:
-            want = plan.bounds.get(BOUND_WORK, 0.0) >= self.bulk_share * max(self._cp.values())
-            self.modes.append((self._bulk_bound, want))
+            # The regime whose predicted makespan is the shorter, from the longest pessimistic path's decode and
+            # tool seconds, the plan's decoding slots and the predicted-critical count recomputed here.
+            top = max(self._cp, key=self._cp.__getitem__)
+            inf = {k: v for k, v in self._cp.items() if k in self._informed}
+            n_crit = sum(v >= CRITICAL_SHARE * max(inf.values()) for v in inf.values()) if inf else 0
+            kw = dict(perf=sim.live[0].perf.perf, slots=sum(r.decodes for r in plan.roles.values()),
+                      critical=n_crit, headrooms=self.headrooms)
+            args = (plan.bounds.get(BOUND_WORK, 0.0), self._cp_dec[top], self._cp[top] - self._cp_dec[top])
+            self.modes.append((self._bulk_bound, regime_makespan(True, *args, **kw) <= regime_makespan(False, *args, **kw)))
 
     def choose_slot(self, sim, j):
         idx = super().choose_slot(sim, j)
@@ -205,16 +212,18 @@ class _AuditedRollplan(RollplanPolicy):
 def test_rollplan_headroom_guards_critical_slots_only() -> None:
     # Invariant: every admission leaves free, of the slot's KV, while the plan finds the batch bound by its
     # critical path: CRITICAL_HEADROOM where a predicted-critical trajectory is (or is admitted), KV_HEADROOM
-    # elsewhere; while it is bound by its bulk (work bound >= BULK_SHARE x the largest pessimistic critical
-    # path): KV_HEADROOM there, BULK_HEADROOM elsewhere; never more than an empty slot would leave. Each level
+    # elsewhere; while it is bound by its bulk (the bulk regime's headrooms predicted to end the batch no later:
+    # rollplan.policy.dispatch.regime_makespan): KV_HEADROOM there, BULK_HEADROOM elsewhere; never more than an empty slot would leave. Each level
     # and both regimes are exercised (not vacuous): critical slots are guarded, bulk slots packed past
     # KV_HEADROOM.
-    # Which regimes a small replay visits depends on its physics, so the levels are required over three seeds.
+    # Which regimes a small replay visits depends on its physics, so the levels are required over three seeds;
+    # 8 GPUs, so that the critical trajectories take a few of them (on 3, the critical headroom on every GPU
+    # the critical trajectories spread over would leave the bulk too little: the bulk regime then pays).
     audit: list[tuple[float, float, float]] = []
     modes: list[tuple[bool, bool]] = []
     for seed in (5, 7, 11):
         src = BatchSource.dataset(builtin_bases(seed, prompts=24), groups=12, samples=8, seed=seed, max_context=40960)
-        sc = Scenario("headroom", src, dedicated=3, max_batches=2, warmup_batches=2, sim=SimConfig(mem_util=0.5),
+        sc = Scenario("headroom", src, dedicated=8, max_batches=2, warmup_batches=2, sim=SimConfig(mem_util=0.5),
                       replan_interval_s=60.0, seed=seed)
         pol = _AuditedRollplan()
         run = run_policy(sc, pol)
@@ -226,7 +235,6 @@ def test_rollplan_headroom_guards_critical_slots_only() -> None:
     assert any(room < KV_HEADROOM for room, h, _e in audit if h == BULK_HEADROOM)
     assert any(h == CRITICAL_HEADROOM for _room, h, _e in audit)
     assert {got for got, _want in modes} == {True, False}
-    assert 0 < BULK_SHARE <= 1
     assert CRITICAL_HEADROOM > KV_HEADROOM > BULK_HEADROOM
 
 
@@ -234,9 +242,10 @@ def test_rollplan_headroom_never_holds_back_what_an_empty_gpu_takes() -> None:
     # A headroom larger than an empty GPU could leave after a long trajectory would keep it pending forever
     # (the replay would stall). Capped, every trajectory runs; the cap is exercised (some admission's rule
     # asked for more than an empty GPU leaves).
-    # Six prompts, all in the two warm-up batches' history: their predictions are informed, so critical ones exist.
+    # Six prompts, all in the two warm-up batches' history: their predictions are informed, so critical ones exist;
+    # 6 GPUs, so that the critical path's regime (the one with the critical headroom) is the one that pays.
     src = BatchSource.dataset(builtin_bases(7, prompts=6), groups=6, samples=4, seed=7, max_context=40960)
-    sc = Scenario("cap", src, dedicated=2, max_batches=1, warmup_batches=2, sim=SimConfig(mem_util=0.5),
+    sc = Scenario("cap", src, dedicated=6, max_batches=1, warmup_batches=2, sim=SimConfig(mem_util=0.5),
                   replan_interval_s=60.0, seed=7)
     pol = _AuditedRollplan(critical_headroom=0.97)
     run = run_policy(sc, pol)

@@ -3,7 +3,9 @@
 Invariants checked:
 - each constant's option reaches the policy's decisions (``dispatch_z``: the dispatch key is the predicted
   mean at 0 and grows with z; ``critical_share``: the predicted-critical set shrinks as the share rises;
-  ``path_z``: the planner prices the same first state's critical paths longer at 3 spreads than at 0);
+  ``path_z``: the planner prices the same first state's critical paths longer at 3 spreads than at 0;
+  ``regime``: "share" is the work bound against ``BULK_SHARE`` of the longest path at every plan, "model"
+  decides otherwise at some plan; an unknown regime is a one-line error);
 - a variant at the default's value reproduces the default exactly (the ratio is 1: the runs are
   deterministic and the option is the only difference).
 """
@@ -88,3 +90,30 @@ def test_path_z_reaches_the_plans() -> None:
         assert pol.planner.config.path_z == z
         spans[z] = first[0]
     assert spans[3.0] > spans[0.0]
+
+
+def test_regime_reaches_the_decisions() -> None:
+    from rollplan.models.errors import UnknownNameError
+    from rollplan.policy.dispatch import BULK_SHARE
+    from rollplan.solver.core.bounds import BOUND_WORK
+
+    seen: dict[str, list[tuple[bool, bool]]] = {}
+    for regime in ("model", "share"):
+        pol = make_policy("rollplan", backend="greedy", time_limit=0.02, regime=regime)
+        assert isinstance(pol, RollplanPolicy)
+        got: list[tuple[bool, bool]] = []
+        apply = pol._apply
+
+        def spy(sim, plan, apply=apply, pol=pol, got=got):
+            apply(sim, plan)
+            if pol._cp and hasattr(plan, "bounds"):
+                got.append((pol._bulk_bound, plan.bounds.get(BOUND_WORK, 0.0) >= BULK_SHARE * max(pol._cp.values())))
+
+        pol._apply = spy  # type: ignore[method-assign]
+        src = BatchSource.dataset(builtin_bases(5, prompts=24), groups=12, samples=8, seed=5, max_context=40960)
+        run_policy(Scenario("s", src, dedicated=3, max_batches=2, warmup_batches=2, seed=5), pol)
+        seen[regime] = got
+    assert seen["share"] and all(a == b for a, b in seen["share"])
+    assert any(a != b for a, b in seen["model"])
+    with pytest.raises(UnknownNameError, match="regime"):
+        make_policy("rollplan", regime="shares")

@@ -57,10 +57,11 @@ from rollplan.policy.dispatch import (
     DispatchQueue,
     Headrooms,
     SlotLoad,
+    bulk_regime_pays,
     choose_slot,
     critical_set,
     is_bulk_bound,
-    pessimistic_path,
+    pessimistic_parts,
     reference_step,
 )
 from rollplan.policy.predict import Predictor, Remaining, Totals
@@ -141,7 +142,7 @@ class Controller:
         # Dispatch keys (pessimistic path, informed prediction) per unfinished run, as of the latest snapshot
         # (``refresh_keys``) or, for a run queued since, of its queueing: the simulator's policy keeps the same
         # cache (its ``_cp``), so both adapters order and guard with the same keys.
-        self._keys: dict[str, tuple[float, bool]] = {}
+        self._keys: dict[str, tuple[float, bool, float]] = {}
         self.previous: Plan | None = None
         self.stats = ControllerStats()
         self.autoplan = True
@@ -220,15 +221,15 @@ class Controller:
         the perf model of the slots' kind, as of the latest snapshot (``refresh_keys``) or its queueing."""
         return self._key(run)[0]
 
-    def _key(self, run: TrajectoryRun) -> tuple[float, bool]:
-        """(``path``, whether ``run``'s prediction is informed: ``INFORMED_SOURCES``), cached in ``_keys``."""
+    def _key(self, run: TrajectoryRun) -> tuple[float, bool, float]:
+        """(``path``, whether ``run``'s prediction is informed: ``INFORMED_SOURCES``, the decode seconds of
+        ``path``: ``pessimistic_parts``), cached in ``_keys``."""
         key = self._keys.get(run.id)
         if key is None:
             rem = self.predict(run)
-            key = self._keys[run.id] = (
-                pessimistic_path(rem.decode.mean, rem.decode.spread, rem.tool.mean, rem.tool.spread, self._step_s()),
-                rem.source in INFORMED_SOURCES,
-            )
+            dec_s, tool_s = pessimistic_parts(rem.decode.mean, rem.decode.spread, rem.tool.mean, rem.tool.spread,
+                                              self._step_s())
+            key = self._keys[run.id] = (dec_s + tool_s, rem.source in INFORMED_SOURCES, dec_s)
         return key
 
     def refresh_keys(self) -> None:
@@ -244,12 +245,20 @@ class Controller:
                     self.waiting.push(r.id, path)
         self._schedule_admission()
 
-    def _step_s(self) -> float:
-        perf = self.config.perf
+    def _perf_model(self) -> Any:
+        """The perf model of the slots' kind: ``ExecutorConfig.perf``, else the planner's (``PlannerConfig.perf``,
+        the executor's default provider), or None without either."""
+        perf = self.config.perf or getattr(self._planner_config, "perf", None)
         try:
-            model = perf(self.config.gpu_kind, 1) if perf is not None else None
+            return perf(self.config.gpu_kind, 1) if perf is not None else None
+        except Exception:  # a provider that does not know the kind
+            return None
+
+    def _step_s(self) -> float:
+        model = self._perf_model()
+        try:
             return reference_step(model) if model is not None else 0.02
-        except Exception:  # a provider that does not know the kind: any positive step keeps the order
+        except Exception:  # a model that cannot price the step: any positive step keeps the order
             return 0.02
 
     def _need(self, run: TrajectoryRun) -> int:
@@ -578,8 +587,7 @@ class Controller:
         self.stats.replans += 1
         self.stats.plan_seconds.append(seconds)
         if self.headrooms.default > 0:  # the regime the admission headrooms follow (rollplan.policy.dispatch)
-            paths = [self.path(r) for r in self.runs.values() if r.phase is not Phase.DONE]
-            self._bulk_bound = is_bulk_bound(plan.bounds.get(BOUND_WORK, 0.0), max(paths, default=0.0))
+            self._bulk_bound = self._regime(plan)
         self.stats.plan_status[plan.status.value] += 1
         self.previous = plan
         if log.isEnabledFor(logging.INFO):
@@ -592,6 +600,27 @@ class Controller:
                 dict(Counter(plan.placement.values())),
                 [f"{a.kind.value}:{a.slot}" for a in plan.actions],
             )
+
+    def _regime(self, plan: Plan) -> bool:
+        """Whether the batch is bound by its bulk (``rollplan.policy.dispatch.bulk_regime_pays``, as the
+        simulator's policy decides it): the plan's work bound and decoding slots, the longest pessimistic path
+        of the unfinished trajectories, the predicted-critical count. Without a perf model (no step model to
+        compare the regimes on) the share rule, ``is_bulk_bound``."""
+        work_bound = plan.bounds.get(BOUND_WORK, 0.0)
+        keys = {r.id: self._key(r) for r in self.runs.values() if r.phase is not Phase.DONE}
+        if not keys:
+            return False
+        top = max(keys.values(), key=lambda k: k[0])
+        model = self._perf_model()
+        if model is None:
+            return is_bulk_bound(work_bound, top[0])
+        critical = critical_set({k: v[0] for k, v in keys.items()}, informed={k for k, v in keys.items() if v[1]})
+        serving = sum(1 for r in plan.roles.values() if r.decodes)
+        try:
+            return bulk_regime_pays(work_bound, top[2], top[0] - top[2], perf=model, slots=serving,
+                                    critical=len(critical), headrooms=self.headrooms)
+        except Exception:  # a model that cannot price the steps: the share rule
+            return is_bulk_bound(work_bound, top[0])
 
     # == applying ===========================================================================================
     async def apply(self, plan: Plan) -> None:

@@ -2,9 +2,10 @@
 scenarios that were not used to choose them.
 
 The constants of ``rollplan.policy.dispatch`` (``KV_HEADROOM``, ``BULK_HEADROOM``, ``CRITICAL_HEADROOM``,
-``BULK_SHARE``, ``CRITICAL_SHARE``, ``DISPATCH_Z``) were chosen on the replay bench's traces (Bamboo p3 / g4dn,
-the bench's SWE-bench workload at seed 0); the policy's ``PATH_Z`` (0, the planner's critical paths at the
-means) is checked here against 1 and 1.77. This bench moves each one alone to a value below and above its
+``CRITICAL_SHARE``, ``DISPATCH_Z``) were chosen on the replay bench's traces (Bamboo p3 / g4dn, the bench's
+SWE-bench workload at seed 0); the policy's ``PATH_Z`` (0, the planner's critical paths at the means) is
+checked here against 1 and 1.77, and its regime rule (``REGIME`` "model": ``bulk_regime_pays``, from the step
+model) against the share rule it replaced (``BULK_SHARE`` 0.8 of the longest path, chosen on the bench). This bench moves each one alone to a value below and above its
 default, and also turns the headroom rule off (``kv_headroom=0``: the engine's watermark alone), on held-out
 scenarios: synthetic preemptible-GPU traces (``synthetic_spot_trace``, seeds never used by the bench) over
 dedicated and lent GPUs, SWE-bench-built batches at other workload seeds, with a cross-batch history, for
@@ -24,7 +25,6 @@ from typing import Any
 
 from rollplan.policy.dispatch import (
     BULK_HEADROOM,
-    BULK_SHARE,
     CRITICAL_HEADROOM,
     CRITICAL_SHARE,
     DISPATCH_Z,
@@ -32,7 +32,7 @@ from rollplan.policy.dispatch import (
 )
 from rollplan.sim.bench_replay import check_bench_data, workload_options
 from rollplan.sim.lending import LendingConfig, LendMode
-from rollplan.sim.policies import PATH_Z, make_policy
+from rollplan.sim.policies import PATH_Z, REGIME, make_policy
 from rollplan.sim.replay import BatchSource, Scenario, run_replay, swebench_bases
 from rollplan.sim.traces import synthetic_spot_trace
 
@@ -57,7 +57,7 @@ HELD_OUT: tuple[HeldOut, ...] = (
 )
 """The scenarios: none of these trace or workload seeds is used by ``rollplan bench replay``."""
 
-VARIANTS: tuple[tuple[str, str, float], ...] = (
+VARIANTS: tuple[tuple[str, str, float | str], ...] = (
     ("kv_headroom", "KV_HEADROOM", 0.0),
     ("kv_headroom", "KV_HEADROOM", 0.2),
     ("kv_headroom", "KV_HEADROOM", 0.4),
@@ -65,8 +65,7 @@ VARIANTS: tuple[tuple[str, str, float], ...] = (
     ("bulk_headroom", "BULK_HEADROOM", 0.2),
     ("critical_headroom", "CRITICAL_HEADROOM", 0.7),
     ("critical_headroom", "CRITICAL_HEADROOM", 0.95),
-    ("bulk_share", "BULK_SHARE", 0.7),
-    ("bulk_share", "BULK_SHARE", 0.9),
+    ("regime", "REGIME", "share"),
     ("critical_share", "CRITICAL_SHARE", 0.7),
     ("critical_share", "CRITICAL_SHARE", 0.95),
     ("dispatch_z", "DISPATCH_Z", 0.0),
@@ -76,11 +75,12 @@ VARIANTS: tuple[tuple[str, str, float], ...] = (
 )
 """(``RollplanPolicy`` option, constant, value): each moved alone from its default. ``kv_headroom`` 0 turns the
 whole headroom rule off (no headroom anywhere); ``dispatch_z`` 0 dispatches by the predicted mean; ``path_z``
-prices the planner's critical paths at that many spreads above the predictions (``PlannerConfig.path_z``)."""
+prices the planner's critical paths at that many spreads above the predictions (``PlannerConfig.path_z``);
+``regime`` "share": the batch counts as bound by its bulk when the plan's work bound reaches ``BULK_SHARE`` of
+the longest pessimistic path (``is_bulk_bound``), instead of the step model's comparison."""
 
 DEFAULTS = {"KV_HEADROOM": KV_HEADROOM, "BULK_HEADROOM": BULK_HEADROOM, "CRITICAL_HEADROOM": CRITICAL_HEADROOM,
-            "BULK_SHARE": BULK_SHARE, "CRITICAL_SHARE": CRITICAL_SHARE, "DISPATCH_Z": DISPATCH_Z,
-            "PATH_Z": PATH_Z}
+            "CRITICAL_SHARE": CRITICAL_SHARE, "DISPATCH_Z": DISPATCH_Z, "PATH_Z": PATH_Z, "REGIME": REGIME}
 
 OTHERS = ("elastic-colocated", "elastic-plus")
 """The policies the default rollplan is compared with (the strongest baselines of ``rollplan bench replay``)."""
@@ -103,7 +103,7 @@ def held_out_scenario(data_dir: Path, h: HeldOut, *, hours: float = 4.0, bases: 
 
 
 def run_sensitivity(data_dir: Path, *, scenarios: tuple[HeldOut, ...] = HELD_OUT, hours: float = 4.0,
-                    jobs: int = 2, variants: tuple[tuple[str, str, float], ...] = VARIANTS) -> dict[str, Any]:
+                    jobs: int = 2, variants: tuple[tuple[str, str, float | str], ...] = VARIANTS) -> dict[str, Any]:
     """Every variant (``VARIANTS``) and the baselines on every held-out scenario; see the module docstring."""
     check_bench_data(data_dir)
     bases = swebench_bases(data_dir)
@@ -141,7 +141,10 @@ def run_sensitivity(data_dir: Path, *, scenarios: tuple[HeldOut, ...] = HELD_OUT
 def table_rows(doc: dict[str, Any]) -> list[list[str]]:
     """One row per variant (and one for the best other policy) for the CLI table."""
     names = doc["setting"]["scenarios"]
-    out = [[r["constant"], f"{r['default']:g} -> {r['value']:g}", *(f"{r['over_default'][n]:.3f}" for n in names),
+    def fmt(v: Any) -> str:
+        return f"{v:g}" if isinstance(v, int | float) else str(v)
+
+    out = [[r["constant"], f"{fmt(r['default'])} -> {fmt(r['value'])}", *(f"{r['over_default'][n]:.3f}" for n in names),
             f"{r['median']:.3f}"] for r in doc["rows"]]
     b = doc["best_other_over_default"]
     out.append(["best other policy", "-", *(f"{b[n]:.3f}" for n in names), f"{median(b.values()):.3f}"])

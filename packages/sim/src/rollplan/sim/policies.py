@@ -48,10 +48,11 @@ from rollplan.policy.dispatch import (
     KV_HEADROOM,
     Headrooms,
     SlotLoad,
+    bulk_regime_pays,
     critical_set,
     follows_plan,
     is_bulk_bound,
-    pessimistic_path,
+    pessimistic_parts,
     reference_step,
     required_room,
 )
@@ -369,6 +370,14 @@ PATH_Z = 0.0
 predictions): 0, the means. 1.77 (``DISPATCH_Z``) lost 4.6% on a held-out first-epoch scenario of ``rollplan bench
 sensitivity`` (every unseen trajectory carries the prior's wide spread) and 0.2-0.5% of the lead in every Bamboo
 128 x 16 cell of the replay matrix; 1 moved nothing held out by more than 0.1% (README)."""
+REGIMES = ("model", "share")
+REGIME = "model"
+"""How the rollplan policy decides, at each plan, whether the batch is bound by its bulk (the admission
+headrooms' regime, ``rollplan.policy.dispatch.Headrooms.levels``): "model", the regime whose headrooms the step
+model predicts to end the batch sooner (``bulk_regime_pays``: the longest path's step time against the bulk's
+decode rate, on as many slots as there are critical trajectories); "share", the work bound against
+``BULK_SHARE`` of the longest path (``is_bulk_bound``; the rule before, kept for ``rollplan bench
+sensitivity``). Both adapters use "model" (the executor falls back to "share" without a perf model)."""
 
 
 def _group_floors(live: Sequence[Any], progress: Sequence[tuple[float, int, float, int]]
@@ -413,7 +422,7 @@ class RollplanPolicy(BasePolicy):
                  deterministic: bool = True, charge_solve: bool = True, kv_headroom: float = KV_HEADROOM,
                  bulk_headroom: float = BULK_HEADROOM, critical_headroom: float = CRITICAL_HEADROOM,
                  bulk_share: float = BULK_SHARE, critical_share: float = CRITICAL_SHARE,
-                 dispatch_z: float = DISPATCH_Z, path_z: float = PATH_Z) -> None:
+                 dispatch_z: float = DISPATCH_Z, path_z: float = PATH_Z, regime: str = REGIME) -> None:
         from rollplan.sim.predict import Predictor
         from rollplan.solver import BACKENDS, Planner, PlannerConfig
 
@@ -421,6 +430,8 @@ class RollplanPolicy(BasePolicy):
         # every re-plan while the replay waits forever for a plan.
         if backend not in BACKENDS:
             raise UnknownNameError("planner backend", backend, BACKENDS)
+        if regime not in REGIMES:
+            raise UnknownNameError("regime", regime, REGIMES)
         self.backend = backend
         self.time_limit = time_limit
         self.switch_weight = switch_weight
@@ -437,6 +448,7 @@ class RollplanPolicy(BasePolicy):
         self.kv_headroom = kv_headroom
         self.critical_headroom, self.bulk_headroom = self.headrooms.levels(False)[0], self.headrooms.levels(True)[1]
         self.bulk_share = bulk_share
+        self.regime = regime
         self.critical_share = critical_share
         self.dispatch_z = dispatch_z
         self.path_z = path_z
@@ -452,6 +464,7 @@ class RollplanPolicy(BasePolicy):
         self.predictor = Predictor()
         self.planner: Any = None
         self._cp: dict[int, float] = {}
+        self._cp_dec: dict[int, float] = {}  # the decode seconds of ``_cp`` (``pessimistic_parts``)
         self._informed: set[int] = set()  # trajectories whose prediction knows them (INFORMED_SOURCES)
         self._floors: dict[str, Any] = {}
         self._heap: list[tuple[float, int, int]] = []
@@ -525,7 +538,9 @@ class RollplanPolicy(BasePolicy):
             rem = self.predictor.remaining_raw(t.key, t.group, dec, pf_done, tool, turns, f[0], f[1], f[2])
         a = self._a_ref
         sds = rem[4]
-        self._cp[j] = pessimistic_path(rem[0], sds[0], rem[2], sds[2], a, self.dispatch_z)
+        dec_s, tool_s = pessimistic_parts(rem[0], sds[0], rem[2], sds[2], a, self.dispatch_z)
+        self._cp[j] = dec_s + tool_s
+        self._cp_dec[j] = dec_s
         self._note_source(t.key, t.group, j)
         return rem
 
@@ -600,6 +615,7 @@ class RollplanPolicy(BasePolicy):
         if sim.batch != self._batch:
             self._batch = sim.batch
             self._cp = {}
+            self._cp_dec = {}
             self._informed = set()
             self._crit = None
             self._floors = {}
@@ -714,8 +730,15 @@ class RollplanPolicy(BasePolicy):
         # Bound by its bulk: the plan's work/capacity bound reaches BULK_SHARE of the pessimistic critical path
         # (the same mean + DISPATCH_Z spreads the dispatch order uses; the plan's own critical-path bound uses
         # the means, which the longest of a group's samples exceeds).
-        cp_max = max(self._cp.values(), default=0.0)
-        self._bulk_bound = is_bulk_bound(plan.bounds.get(BOUND_WORK, 0.0), cp_max, self.bulk_share)
+        work = plan.bounds.get(BOUND_WORK, 0.0)
+        if self.regime == "share":
+            self._bulk_bound = is_bulk_bound(work, max(self._cp.values(), default=0.0), self.bulk_share)
+        elif self._cp and sim.live:
+            j = max(self._cp, key=self._cp.__getitem__)
+            dec_s = self._cp_dec.get(j, 0.0)
+            self._bulk_bound = bulk_regime_pays(work, dec_s, self._cp[j] - dec_s, perf=sim.live[0].perf.perf,
+                                                slots=sum(1 for r in plan.roles.values() if r.decodes),
+                                                critical=len(self._critical()), headrooms=self.headrooms)
         index = sim.slot_index
         by_id = {t.spec.id: t for t in sim.trajs}
         # 1. Slots that will decode: bring them up first (their engines start now).
@@ -889,6 +912,7 @@ class RollplanPolicy(BasePolicy):
         self.predictor.observe(t.key, t.group, Totals(float(sum(t.dec)), float(sum(t.pf[1:])), float(sum(t.tool)),
                                                       float(t.n)))
         self._cp.pop(j, None)
+        self._cp_dec.pop(j, None)
         self._informed.discard(j)
         if self._crit is not None and j in self._crit:
             self._crit = None  # the largest may have gone: recompute
@@ -1009,7 +1033,7 @@ def make_policy(name: str, **options: Any) -> BasePolicy:
         return RollplanPolicy(**{k: v for k, v in options.items()
                                  if k in ("backend", "time_limit", "switch_weight", "deterministic", "charge_solve",
                                           "kv_headroom", "bulk_headroom", "critical_headroom", "bulk_share",
-                                          "critical_share", "dispatch_z", "path_z")})
+                                          "critical_share", "dispatch_z", "path_z", "regime")})
     raise UnknownNameError("policy", name, POLICY_NAMES)
 
 
@@ -1039,6 +1063,8 @@ __all__ = [
     "DISPATCH_Z",
     "KV_HEADROOM",
     "POLICY_NAMES",
+    "REGIME",
+    "REGIMES",
     "BasePolicy",
     "ElasticColocated",
     "ElasticPlus",

@@ -26,6 +26,7 @@ of the queue blocks the rest (an engine's FCFS admission), see ``DispatchQueue``
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -105,6 +106,12 @@ def pessimistic_path(decode: float, decode_spread: float, tool: float, tool_spre
     return decode * step_s + tool + z * (decode_spread * step_s + tool_spread)
 
 
+def pessimistic_parts(decode: float, decode_spread: float, tool: float, tool_spread: float, step_s: float,
+                      z: float = DISPATCH_Z) -> tuple[float, float]:
+    """``pessimistic_path`` split into (its decode seconds, its tool seconds)."""
+    return (decode + z * decode_spread) * step_s, tool + z * tool_spread
+
+
 def critical_set(paths: Mapping[K, float], share: float = CRITICAL_SHARE,
                  informed: Collection[K] | None = None) -> set[K]:
     """The predicted-critical trajectories: ``path_j >= share * max_k path_k``, over the trajectories whose
@@ -116,8 +123,9 @@ def critical_set(paths: Mapping[K, float], share: float = CRITICAL_SHARE,
 
 
 def is_bulk_bound(work_bound: float, max_path: float, share: float = BULK_SHARE) -> bool:
-    """Whether the plan finds the batch bound by its bulk: its work/capacity bound reaches ``share`` of the
-    largest pessimistic critical path."""
+    """The share rule (``regime="share"``; the executor's fallback without a step model): the plan finds the
+    batch bound by its bulk when its work/capacity bound reaches ``share`` of the largest pessimistic critical
+    path. ``bulk_regime_pays`` decides the same question from the step model instead."""
     return work_bound >= share * max_path
 
 
@@ -151,6 +159,64 @@ def required_room(headroom: float, kv_cap: float, watermark: float, need: float)
     """KV a slot must still have free after admitting a trajectory of ``need`` tokens: ``headroom`` of its
     capacity, but never more than an empty slot would leave (``max(0, cap - watermark - need)``)."""
     return min(headroom * kv_cap, max(0.0, kv_cap - watermark - need))
+
+
+class _StepModel(_DecodeStep, Protocol):
+    def kv_capacity_tokens(self, mem_util: float = 0.9) -> int: ...
+
+
+def occupancy_step(perf: _StepModel, occupancy: float) -> tuple[float, float]:
+    """(seconds of one decode step, decode tokens/s) of an engine of ``perf`` whose KV is ``occupancy`` (0-1)
+    full of sequences of ``REF_STEP_KV`` tokens each (at least one sequence)."""
+    seqs = max(1, round(max(0.0, min(1.0, occupancy)) * perf.kv_capacity_tokens() / REF_STEP_KV))
+    step = float(perf.decode_step_time(seqs, REF_STEP_KV))
+    return step, (seqs / step if step > 0 else 0.0)
+
+
+def regime_makespan(bulk: bool, work_bound: float, path_decode_s: float, path_tool_s: float, *,
+                    perf: _StepModel, slots: int, critical: int, headrooms: Headrooms) -> float:
+    """Predicted end of the batch (seconds from now) when admission keeps ``headrooms.levels(bulk)``: the larger
+    of its longest pessimistic path and its bulk's work.
+
+    Notations: ``n`` = ``slots`` (slots taking new work), ``n_c = min(critical, n)`` slots hosting a
+    predicted-critical trajectory (each is admitted with the critical slots' headroom, so they spread one per
+    slot), (``h_c``, ``h_o``) = ``headrooms.levels(bulk)``; ``step(u)``, ``rate(u)``: ``occupancy_step`` at
+    occupancy ``u``.
+
+      path = path_decode_s * step(1 - h) / step_ref + path_tool_s    (h = h_c when n_c > 0, else h_o;
+                                                                       step_ref: the ``REF_STEP_BATCH`` step)
+      rate = (n_c rate(1 - h_c) + (n - n_c) rate(1 - h_o)) / (n rate(1))
+      makespan = max(path, work_bound / rate)
+
+    ``work_bound`` is the plan's work/capacity bound (every slot decoding full), so ``work_bound / rate`` is the
+    bulk's end when each slot keeps its headroom free. Both terms are estimates of the same kind as the
+    dispatch order's (``reference_step``); only the comparison of the two regimes uses them."""
+    n = max(slots, 1)
+    n_c = min(max(critical, 0), n)
+    h_c, h_o = headrooms.levels(bulk)
+    ref = float(perf.decode_step_time(REF_STEP_BATCH, REF_STEP_KV))
+    path_step, _ = occupancy_step(perf, 1.0 - (h_c if n_c else h_o))
+    path = path_decode_s * (path_step / ref if ref > 0 else 1.0) + path_tool_s
+    full = occupancy_step(perf, 1.0)[1]
+    rate = (n_c * occupancy_step(perf, 1.0 - h_c)[1] + (n - n_c) * occupancy_step(perf, 1.0 - h_o)[1]) / (n * full)
+    return max(path, work_bound / rate if rate > 0 else math.inf)
+
+
+def bulk_regime_pays(work_bound: float, path_decode_s: float, path_tool_s: float, *, perf: _StepModel, slots: int,
+                     critical: int, headrooms: Headrooms = Headrooms()) -> bool:
+    """Whether the batch is bound by its bulk: the bulk regime's headrooms (``Headrooms.levels(True)``) are
+    predicted to end it no later than the critical path's (``regime_makespan``). Replaces a share of the work
+    bound against the longest path (``is_bulk_bound``) by the step model's own trade: the critical path's
+    headroom speeds the longest trajectory's steps and takes decode rate from the bulk on as many slots as
+    there are critical trajectories. Callers: both adapters, when a plan is adopted (its work bound, the
+    longest pessimistic path's decode and tool seconds at the reference step, the slots serving, the number of
+    predicted-critical trajectories). With no headroom rule (``headrooms.default <= 0``) the regime changes
+    nothing: False."""
+    if headrooms.default <= 0:
+        return False
+    bulk, crit = (regime_makespan(b, work_bound, path_decode_s, path_tool_s, perf=perf, slots=slots,
+                                  critical=critical, headrooms=headrooms) for b in (True, False))
+    return bulk <= crit
 
 
 @dataclass(frozen=True, slots=True)
