@@ -581,8 +581,8 @@ class Controller:
 
     def adopt(self, plan: Plan, seconds: float = 0.0) -> None:
         """Make ``plan`` (solved in ``seconds``) the current one: counted, the previous plan of the next solve,
-        and the regime the admission headrooms follow (``rollplan.policy.dispatch.is_bulk_bound`` of its work
-        bound against the largest pessimistic path of the unfinished trajectories). Called by ``_plan`` after
+        and the regime the admission headrooms follow (``_regime``: ``rollplan.policy.dispatch.bulk_regime_pays``
+        of its work bound and decoding slots and the longest pessimistic path). Called by ``_plan`` after
         each solve, before the plan is applied; synchronous (no await), so no admission runs in between."""
         self.stats.replans += 1
         self.stats.plan_seconds.append(seconds)

@@ -727,9 +727,10 @@ class RollplanPolicy(BasePolicy):
                 if sl.present and sl.return_by is None and self.may_use(sl):
                     sim.set_role(sl.idx, Role.MIXED)
             return
-        # Bound by its bulk: the plan's work/capacity bound reaches BULK_SHARE of the pessimistic critical path
-        # (the same mean + DISPATCH_Z spreads the dispatch order uses; the plan's own critical-path bound uses
-        # the means, which the longest of a group's samples exceeds).
+        # Bound by its bulk (REGIME): the bulk regime's headrooms are predicted to end the batch no later than
+        # the critical path's, for the longest pessimistic path (the same mean + DISPATCH_Z spreads the dispatch
+        # order uses; the plan's own critical-path bound uses the means, which the longest of a group's samples
+        # exceeds), the plan's work bound and decoding slots and the predicted-critical count.
         work = plan.bounds.get(BOUND_WORK, 0.0)
         if self.regime == "share":
             self._bulk_bound = is_bulk_bound(work, max(self._cp.values(), default=0.0), self.bulk_share)

@@ -20,7 +20,9 @@ Admission: s admits j when ``free_s - wm_s + bonus_js - need_j >= min(h cap_s, m
 (``required_room``: never more than an empty slot could leave after j, so every j fits somewhere).
 Choice: the plan's slot for j when it admits j, else the admitting slot with the fewest residents, then the
 most free KV (``choose_slot``). Order: longest ``path_j`` first, first come first among equals; the head
-of the queue blocks the rest (an engine's FCFS admission), see ``DispatchQueue``.
+of the queue blocks the rest (an engine's FCFS admission), see ``DispatchQueue``. Regime (which ``h`` applies,
+``Headrooms.levels``): at each adopted plan, bound by its bulk when the bulk regime's headrooms are predicted
+to end the batch no later than the critical path's (``bulk_regime_pays``, from the step model).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ to 0.5 tried as one headroom for every slot): 0.3 gave the best mean of the two.
 residents coming back from a tool call are preempted and re-prefill, and the longest trajectories decode
 beside more co-residents. ``Headrooms(default=0)``: the engine's watermark alone (no headroom anywhere)."""
 BULK_HEADROOM = 0.1
-"""The headroom, while the latest plan finds the batch bound by its bulk (``BULK_SHARE``), on slots that host
+"""The headroom, while the latest plan finds the batch bound by its bulk (``bulk_regime_pays``), on slots that host
 no predicted-critical trajectory, for a trajectory that is not one. Then the batch ends when the bulk's work
 is done, so packing the bulk's slots tighter (more trajectories decoding at once) is worth more than its
 trajectories' own speed; while the batch is bound by its longest trajectories, a tighter bulk only finishes
@@ -65,11 +67,13 @@ bench's traces with ``BULK_SHARE`` (0.65, 0.75, 0.8, 0.85 and 0.9 tried; ad-hoc 
 docs/simulator.md): with ``BULK_SHARE`` 0.8, 0.85 gave the best throughput on Bamboo p3, and 0.9 left too few
 trajectories beside the critical ones."""
 BULK_SHARE = 0.8
-"""The latest plan finds the batch bound by its bulk when its work/capacity bound is at least this share of the
-largest pessimistic remaining critical path (``DISPATCH_Z``). The work bound has every GPU decode at full
-speed with no headroom, prefill or tool wait; the bulk runs slower than that, so a batch whose work bound is
-a little under its critical path is in fact bound by both. Chosen with ``CRITICAL_HEADROOM`` on the bench's
-traces (1, 0.85, 0.8, 0.75 and 0.7 tried; ad-hoc script)."""
+"""The share rule's threshold (``is_bulk_bound``), which the policies no longer use: ``bulk_regime_pays``
+decides the regime from the step model. The share rule remains as the executor's fallback without a perf
+model and as ``rollplan bench sensitivity``'s comparison. The batch is bound by its bulk when the plan's
+work/capacity bound is at least this share of the largest pessimistic remaining critical path
+(``DISPATCH_Z``). The work bound has every GPU decode at full speed with no headroom, prefill or tool wait;
+the bulk runs slower than that. Chosen with ``CRITICAL_HEADROOM`` on the bench's traces (1, 0.85, 0.8, 0.75
+and 0.7 tried; ad-hoc script)."""
 CRITICAL_SHARE = 0.85
 """A trajectory is predicted-critical when its pessimistic remaining critical path (see ``DISPATCH_Z``) is at
 least this share of the largest one of the batch's unfinished trajectories (0.5, 0.7 and 0.85 tried)."""
@@ -85,7 +89,7 @@ REF_STEP_BATCH = 8
 REF_STEP_KV = 16384.0
 """The reference decode step that turns predicted decode tokens into seconds in ``path_j``: one step of
 ``REF_STEP_BATCH`` sequences holding ``REF_STEP_KV`` KV tokens each (``reference_step``). Only the order of the
-paths and their ratios to one another (``CRITICAL_SHARE``, ``BULK_SHARE``) use it, so one fixed step of a
+paths and their ratios to one another (``CRITICAL_SHARE``, ``bulk_regime_pays``) use it, so one fixed step of a
 loaded engine at an agentic context length serves every slot; both adapters use this one, so the same
 predictions give the same keys in the simulator and the executor."""
 
