@@ -17,7 +17,10 @@ controller replays that: at each solve it takes its snapshot (which refreshes it
 paths and informed predictions) with the stand-in engines reporting the simulator's progress; at each landing
 it adopts and applies the recorded plan (the planner replaced at the planning boundary by the recording). It
 must admit the same trajectories to the same slots in the same order: plan placements preferred, the
-predicted-critical set, the bulk/critical regime and its headrooms, as the simulator's policy decided them.
+predicted-critical set, the bulk/critical regime and its headrooms, as the simulator's policy decided them;
+and it must find the same regime at every plan. The controller's regime alone: the core's
+``bulk_regime_pays`` on its own keys and the plan's work bound and slots (both regimes reached by the work
+bound), the share rule without a perf model.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from rollplan.executor.agent import RolloutItem, SamplingConfig, TrajectoryResul
 from rollplan.executor.config import EngineConfig, ExecutorConfig
 from rollplan.executor.controller import Controller
 from rollplan.executor.pool import EngineHandle, SlotRuntime
-from rollplan.models.types import Phase, Plan, Role
+from rollplan.models.types import Phase, Plan, Role, SolveStatus
 from rollplan.policy.predict import Totals
 from rollplan.sim.engine import SimConfig, SimTraj
 from rollplan.sim.policies import ElasticPlus, RollplanPolicy
@@ -203,6 +206,7 @@ class _RecordingRollplan(RollplanPolicy):
         self.log: list[tuple[str, str, str]] = []
         self.times: list[float] = []
         self.plans: list[Plan] = []
+        self.regimes: list[bool] = []  # per applied plan: whether the batch was found bound by its bulk
         self.progress: list[dict[str, float]] = []  # per solve: decode tokens done of each unfinished one
 
     def decide(self, sim, reason) -> None:
@@ -231,6 +235,8 @@ class _RecordingRollplan(RollplanPolicy):
             self.plans.append(plan)
             self._note(sim, ("plan", str(len(self.plans) - 1), ""))
         super()._apply(sim, plan)
+        if isinstance(plan, Plan):
+            self.regimes.append(self._bulk_bound)
 
 
 def _never_solved(*_args, **_kwargs) -> Plan:
@@ -238,7 +244,8 @@ def _never_solved(*_args, **_kwargs) -> Plan:
     raise AssertionError("the recorded plans are adopted directly: the planner is never called")
 
 
-async def _execute_rollplan(pol: _RecordingRollplan, caps: dict[str, int]) -> list[tuple[str, str, str]]:
+async def _execute_rollplan(pol: _RecordingRollplan, caps: dict[str, int],
+                            regimes: list[bool] | None = None) -> list[tuple[str, str, str]]:
     # The planner is replaced at the planning boundary by the simulator's recorded plans: at each recorded solve
     # the controller takes its snapshot (which refreshes its dispatch keys), with the stand-in engines reporting
     # the simulator's decode progress; each plan is adopted and applied (``Controller.adopt`` / ``apply``, as
@@ -277,6 +284,8 @@ async def _execute_rollplan(pol: _RecordingRollplan, caps: dict[str, int]) -> li
         elif kind == "plan":
             plan = dataclasses.replace(pol.plans[int(tid)], actions=())
             ctl.adopt(plan)
+            if regimes is not None:
+                regimes.append(ctl._bulk_bound)
             await ctl.apply(plan)
             out.append((kind, tid, ""))
         elif kind == "done":
@@ -308,5 +317,42 @@ def test_rollplan_plans_steer_the_same_admissions_in_both_adapters() -> None:
     assert len(pol.plans) >= 2
     placed = {t: s for p in pol.plans for t, s in p.placement.items()}
     assert sum(admits[t] == s for t, s in placed.items() if t in admits) >= 2
-    got = asyncio.run(_execute_rollplan(pol, caps))
+    regimes: list[bool] = []
+    got = asyncio.run(_execute_rollplan(pol, caps, regimes))
     assert got == pol.log
+    assert regimes == pol.regimes  # the admission regime (rollplan.policy.dispatch.bulk_regime_pays) at each plan
+
+
+def test_the_controllers_regime_is_the_cores() -> None:
+    # The executor decides the regime as the simulator's policy does (bulk_regime_pays on the plan's work bound
+    # and decoding slots, the longest pessimistic path, the predicted-critical count); both regimes are reached
+    # by moving the plan's work bound alone; without a perf model the share rule (is_bulk_bound) decides.
+    from rollplan.models.perf import perf_model
+    from rollplan.policy.dispatch import bulk_regime_pays, critical_set, is_bulk_bound
+    from rollplan.solver.core.bounds import BOUND_WORK
+
+    perf = perf_model("h800", "qwen3-8b", calibrated=True)
+    caps = {"s0": 200_000, "s1": 200_000}
+    for provider in (lambda gpu, tp: perf, None):
+        ctl = _controller(ExecutorConfig(engine=EngineConfig(model="unused"), policy="rollplan", clock=lambda: 0.0,
+                                         gpu_kind="h800", perf=provider), caps, plan_fn=_never_solved)
+        for i, p in enumerate(PROMPTS):
+            item = RolloutItem(f"t{i}", (1,) * p, group=f"p{i}", max_turns=1, sampling=SamplingConfig(max_tokens=4096))
+            run = TrajectoryRun(item=item, prompt_ids=[1] * p, context=[1] * p)
+            ctl.runs[run.id] = run
+        keys = {r.id: ctl._key(r) for r in ctl.runs.values()}
+        top = max(keys.values(), key=lambda k: k[0])
+        crit = critical_set({k: v[0] for k, v in keys.items()}, informed={k for k, v in keys.items() if v[1]})
+        seen = set()
+        for work in (0.0, 0.5 * top[0], top[0], 3.0 * top[0], 30.0 * top[0]):
+            plan = Plan(time=0.0, roles={"s0": Role.MIXED, "s1": Role.MIXED}, placement={}, actions=(),
+                        makespan=work, switching_cost=0.0, lower_bound=0.0, objective=0.0, terms=(),
+                        status=SolveStatus.FEASIBLE, backend="recorded", bounds={BOUND_WORK: work})
+            ctl.adopt(plan)
+            model = ctl._perf_model()
+            assert (model is perf) == (provider is not None)
+            want = (bulk_regime_pays(work, top[2], top[0] - top[2], perf=model, slots=2, critical=len(crit),
+                                     headrooms=ctl.headrooms) if model is not None else is_bulk_bound(work, top[0]))
+            assert ctl._bulk_bound == want
+            seen.add(want)
+        assert seen == {True, False}
