@@ -175,3 +175,19 @@ def test_aggregate_grid() -> None:
     grid = aggregate.makespan_grid(100.0, 150.0)
     assert grid[0] == pytest.approx(100.0) and grid[-1] == pytest.approx(150.0)
     assert len(grid) <= aggregate.GRID_POINTS and all(b > a for a, b in itertools.pairwise(grid))
+    # No critical path (no trajectory left): a positive grid up to hi, and no division by zero.
+    grid = aggregate.makespan_grid(0.0, 2.0)
+    assert grid[-1] == pytest.approx(2.0) and grid[0] > 0 and all(b > a for a, b in itertools.pairwise(grid))
+    assert aggregate.makespan_grid(0.0, 0.0) == [0.0]
+
+
+@pytest.mark.parametrize("backend", ["milp", "cpsat"])
+def test_no_trajectory_left_is_planned_by_the_exact_backend(backend: str, caplog) -> None:
+    # Found by the family sweep: 6 slots and no trajectory sent the aggregate pipeline's grid to log(hi / 0),
+    # and plan() fell back to greedy with a warning.
+    from rollplan.solver import plan
+    from rollplan.solver.families import family_snapshot
+
+    p = plan(family_snapshot("example", 6, 0, seed=307508), config=planner_config(backend=backend, time_limit=0.05))
+    assert p.backend == backend and not p.placement
+    assert "failed" not in caplog.text

@@ -454,7 +454,12 @@ class AggregateFormulation:
 
 def makespan_grid(lo: float, hi: float, points: int = GRID_POINTS, step: float = GRID_STEP) -> list[float]:
     """Geometric grid from ``lo`` to ``hi`` (both included), steps of at least ``step`` (relative), at
-    most ``points`` points; one point when they (nearly) coincide."""
+    most ``points`` points; one point when they (nearly) coincide. ``lo <= 0`` (no critical path: e.g. no
+    trajectory left): the grid's top ``points`` points below ``hi``, ``step`` apart."""
+    if lo <= 0:
+        if hi <= 0:
+            return [0.0]
+        lo = hi / (1 + step) ** (points - 1)
     if hi <= lo * (1 + 1e-6):
         return [max(lo, hi)]
     n = int(min(points, 1 + math.ceil(math.log(hi / lo) / math.log1p(step))))
