@@ -182,7 +182,7 @@ def regime_makespan(bulk: bool, work_bound: float, path_decode_s: float, path_to
     """Predicted end of the batch (seconds from now) when admission keeps ``headrooms.levels(bulk)``: the larger
     of its longest pessimistic path and its bulk's work.
 
-    Notations: ``n`` = ``slots`` (slots taking new work), ``n_c = min(critical, n)`` slots hosting a
+    Notations: ``n`` = ``slots`` (the plan's decoding slots), ``n_c = min(critical, n)`` slots hosting a
     predicted-critical trajectory (each is admitted with the critical slots' headroom, so they spread one per
     slot), (``h_c``, ``h_o``) = ``headrooms.levels(bulk)``; ``step(u)``, ``rate(u)``: ``occupancy_step`` at
     occupancy ``u``.
@@ -213,8 +213,8 @@ def bulk_regime_pays(work_bound: float, path_decode_s: float, path_tool_s: float
     bound against the longest path (``is_bulk_bound``) by the step model's own trade: the critical path's
     headroom speeds the longest trajectory's steps and takes decode rate from the bulk on as many slots as
     there are critical trajectories. Callers: both adapters, when a plan is adopted (its work bound, the
-    longest pessimistic path's decode and tool seconds at the reference step, the slots serving, the number of
-    predicted-critical trajectories). With no headroom rule (``headrooms.default <= 0``) the regime changes
+    longest pessimistic path's decode and tool seconds at the reference step, the plan's decoding slots, the
+    number of predicted-critical trajectories); a few perf-model calls each. With no headroom rule (``headrooms.default <= 0``) the regime changes
     nothing: False."""
     if headrooms.default <= 0:
         return False
