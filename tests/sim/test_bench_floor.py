@@ -61,6 +61,11 @@ def test_no_policy_beats_the_floor() -> None:
         assert pb["rollout_s"][run.name] == [b["rollout_s"] for b in rows]
         assert pb["tail_share"][run.name] == [b["tail_share"] for b in rows]
         assert len(rows) <= n
+    # Only rollplan sets an admission regime; its column has one entry per batch it started.
+    assert set(pb["regime"]) == {"rollplan"}
+    rp = next(r for r in res.runs if r.name == "rollplan")
+    assert pb["regime"]["rollplan"] == [b["regime"] for b in rp.summary["batches"]]
+    assert all(r is not None and r["first"] in ("bulk", "path") for r in pb["regime"]["rollplan"])
     assert "per_batch" not in trace_row("floor", res)
 
 

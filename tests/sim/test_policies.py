@@ -230,6 +230,15 @@ def test_rollplan_headroom_guards_critical_slots_only() -> None:
         assert run.summary["trajectories_completed"] == 2 * 96
         assert pol.audit and all(room >= h_eff - 1e-9 for room, _h, h_eff in pol.audit)
         assert pol.modes and all(got == want for got, want in pol.modes)
+        # The recorder keeps each plan's regime by batch (``bench replay --per-batch``'s ``regime`` column): the
+        # same decisions, in order, and each batch's first plan with its predicted-critical count.
+        recorded = [r for b in run.recorder.batches for r in b.regimes]
+        assert [bulk for bulk, _n in recorded] == [got for got, _want in pol.modes]
+        for row, b in zip(run.summary["batches"], run.recorder.batches, strict=True):
+            first = row["regime"]
+            assert first is not None and first["plans"] == len(b.regimes) >= 1
+            assert first["first"] == ("bulk" if b.regimes[0][0] else "path")
+            assert first["bulk_plans"] == sum(bulk for bulk, _n in b.regimes)
         audit += pol.audit
         modes += pol.modes
     assert any(room < KV_HEADROOM for room, h, _e in audit if h == BULK_HEADROOM)

@@ -126,3 +126,9 @@ def test_bench_replay_mode_and_jobs(shared_data: Path, capsys: pytest.CaptureFix
     assert bench_scenario(shared_data, "parcae-hh", bases=(), mode="async").lending.mode is LendMode.ASYNC
     assert bench_scenario(shared_data, "parcae-hh", bases=()).lending.mode is LendMode.SYNC
     assert 1 <= default_jobs() <= len(POLICY_NAMES)
+    # --regime: rollplan's admission regime rule (model, or the share rule to compare); anything else is a
+    # one-line error, and the lever comparisons do not take it.
+    assert main(["bench", "replay", "--regime", "shares"]) == 2
+    assert "unknown regime 'shares'" in _one_line_error(capsys)
+    assert main(["bench", "replay", "--regime", "share", "--divide-tokens", "2048"]) == 2
+    assert "--regime applies to the replay bench" in _one_line_error(capsys)

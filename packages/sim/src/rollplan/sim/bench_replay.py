@@ -36,7 +36,7 @@ from rollplan.models.errors import UserInputError
 from rollplan.sim.engine import SimConfig, SimTraj
 from rollplan.sim.lending import LendingConfig, LendingSchedule, LendMode
 from rollplan.sim.metrics import common_tail_shares
-from rollplan.sim.policies import POLICY_NAMES, make_policy
+from rollplan.sim.policies import POLICY_NAMES, REGIME, make_policy
 from rollplan.sim.replay import (
     SWEBENCH_FILES,
     BatchSource,
@@ -199,9 +199,11 @@ def throughput_ceiling(scenario: Scenario, *, max_batches: int = 10_000) -> dict
 def per_batch_rows(result: ReplayResult) -> dict[str, Any]:
     """Per batch of the replay (``--per-batch``): its ``batch_floors`` and every policy's rollout seconds and
     last-10% share, each a list by batch index (a policy's list ends with the last batch it started; an
-    unfinished batch reads None). Shows where the throughput ratios come from: batches bound by their longest
-    trajectory run close to the floor under a policy that starts it early, batches bound by their bulk do not
-    (the floor leaves the bulk's work out)."""
+    unfinished batch reads None), and ``regime``: for the policies that set an admission regime (rollplan),
+    per batch the first adopted plan's regime and predicted-critical count and how many plans found the batch
+    bound by its bulk (``metrics.regime_row``). Shows where the throughput ratios come from: batches bound by
+    their longest trajectory run close to the floor under a policy that starts it early, batches bound by their
+    bulk do not (the floor leaves the bulk's work out)."""
     s = {r.name: {b["index"]: b for b in r.summary["batches"]} for r in result.runs}
     n = max((i + 1 for v in s.values() for i in v), default=0)
     floors = batch_floors(result.scenario, range(n))
@@ -209,8 +211,9 @@ def per_batch_rows(result: ReplayResult) -> dict[str, Any]:
     def column(field: str) -> dict[str, list[Any]]:
         return {k: [v[i][field] if i in v else None for i in range(max(v, default=-1) + 1)] for k, v in s.items()}
 
+    regimes = {k: v for k, v in column("regime").items() if any(x is not None for x in v)}
     return {"floor_s": [round(floors[i], 1) for i in range(n)], "rollout_s": column("rollout_s"),
-            "tail_share": column("tail_share")}
+            "tail_share": column("tail_share"), "regime": regimes}
 
 
 def role_shares(summary: dict[str, Any]) -> dict[str, float]:
@@ -317,10 +320,13 @@ def run_bench(
     per_batch: bool = False,
     dispersion: float | None = None,
     first_epoch: bool = False,
+    regime: str = REGIME,
 ) -> dict[str, Any]:
     """Run the benchmark; returns the JSON document (rows per trace + timing of the p3 replay). ``jobs``: worker
     processes per trace (``run_replay``); the rows do not depend on it, the timing does. ``per_batch``: each
-    row also carries ``per_batch_rows``. ``dispersion``, ``first_epoch``: the workload (``workload_options``)."""
+    row also carries ``per_batch_rows``. ``dispersion``, ``first_epoch``: the workload (``workload_options``).
+    ``regime``: the rollplan policy's admission regime rule (``rollplan.sim.policies.REGIME``; "share" replays
+    the rule it replaced)."""
     d = Path(data_dir)
     bases = bench_bases(d)
     names = traces or tuple(t[0] for t in BENCH_TRACES)
@@ -335,7 +341,7 @@ def run_bench(
         t0, c0 = time.perf_counter(), time.process_time()
         # With workers, the longest runs first (as measured on p3), so the short ones fill in at the end.
         order = list(POLICY_NAMES) if jobs == 1 else sorted(POLICY_NAMES, key=LONGEST_FIRST.index)
-        res = run_replay(sc, [make_policy(p) for p in order], jobs=jobs)
+        res = run_replay(sc, [make_policy(p, regime=regime) for p in order], jobs=jobs)
         res.runs.sort(key=lambda r: POLICY_NAMES.index(r.name))
         wall = time.perf_counter() - t0
         cpu = res.cpu_s if jobs > 1 else time.process_time() - c0
@@ -365,7 +371,7 @@ def run_bench(
             "dedicated_gpus": 16, "lent_gpus": 8, "preemptible_max_gpus": 16, "gpu": "h800", "model": "qwen3-8b",
             "workload": f"swebench {GROUPS} prompts x {SAMPLES} samples per batch", "mode": mode,
             "train_step_s": 120.0, "notice_s": 30.0, "replan_interval_s": REPLAN_INTERVAL_S,
-            "fold_tool_s": SimConfig().fold_tool_s, "tool_kv": tool_kv, "share_prompt": share_prompt, **planner_setting(),
+            "fold_tool_s": SimConfig().fold_tool_s, "tool_kv": tool_kv, "share_prompt": share_prompt, **planner_setting(), "rollplan_regime": regime,
             "warmup_batches": WARMUP_BATCHES, "seed": seed,
             "dispersion": dispersion if dispersion is not None else DEFAULT_DISPERSION, "first_epoch": first_epoch,
         },
@@ -505,13 +511,14 @@ def run_matrix(
     tool_kv: str = "evictable",
     share_prompt: bool = True,
     per_batch: bool = False,
+    regime: str = REGIME,
     on_cell: Callable[[str, str, str], None] | None = None,
 ) -> dict[str, Any]:
     """The bench's matrix: every trace (``BENCH_TRACES``, or ``traces``) x ``modes`` x ``workloads``
     (``MATRIX_WORKLOADS`` names; None: all), all six policies per cell (``matrix_cell``), each window cut to its
     first ``window_h`` hours where given. Returns the JSON document: ``matrix`` (cells, a summary of the
     targets, how windows were cut) and ``traces`` (the bench rows of the sync 128x16-history cells, the
-    default bench's rows when no window is cut)."""
+    default bench's rows when no window is cut). ``regime``: as in ``run_bench``."""
     check_window_h(window_h)
     d = Path(data_dir)
     check_bench_data(d)
@@ -532,7 +539,7 @@ def run_matrix(
                 sc = matrix_scenario(d, name, mode, w, bases=bases, seed=seed, tool_kv=tool_kv,
                                      share_prompt=share_prompt, window_h=window_h)
                 order = list(POLICY_NAMES) if jobs == 1 else sorted(POLICY_NAMES, key=LONGEST_FIRST.index)
-                res = run_replay(sc, [make_policy(p) for p in order], jobs=jobs)
+                res = run_replay(sc, [make_policy(p, regime=regime) for p in order], jobs=jobs)
                 res.runs.sort(key=lambda r: POLICY_NAMES.index(r.name))
                 workers_cpu += res.cpu_s if jobs > 1 else 0.0
                 cells.append(matrix_cell(name, mode, w, res, per_batch=per_batch))
@@ -543,7 +550,7 @@ def run_matrix(
         "scenario": {
             "dedicated_gpus": 16, "lent_gpus": 8, "preemptible_max_gpus": 16, "gpu": "h800", "model": "qwen3-8b",
             "train_step_s": 120.0, "notice_s": 30.0, "replan_interval_s": REPLAN_INTERVAL_S,
-            "tool_kv": tool_kv, "share_prompt": share_prompt, **planner_setting(),
+            "tool_kv": tool_kv, "share_prompt": share_prompt, **planner_setting(), "rollplan_regime": regime,
             "seed": seed,
         },
         "matrix": {

@@ -334,6 +334,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                 "rollout seconds and last-10% share to the JSON.")] = False,
         dispersion: DispersionOption = None,
         first_epoch: FirstEpochOption = False,
+        regime: Annotated[str, typer.Option("--regime", help="rollplan's admission regime rule: model (the "
+                                            "default: the step model decides) | share (the rule it replaced, "
+                                            "BULK_SHARE of the longest path), to compare.")] = "model",
         matrix: Annotated[bool, typer.Option("--matrix", help="Every trace x {sync, async} x {128x16-history, "
                                              "32x8-no-history, dispersion-0.6}: the JSON's 'matrix' (docs/simulator.md).")] = False,
         window_h: Annotated[float | None, typer.Option("--window-h", help="With --matrix, --spec-tokens or "
@@ -359,6 +362,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
         if mode is not None and mode not in ("sync", "async"):
             raise UserInputError(f"unknown mode {mode!r}", fix="use --mode sync or --mode async")
+        from rollplan.sim.policies import REGIMES
+
+        if regime not in REGIMES:
+            from rollplan.models.errors import UnknownNameError
+
+            raise UnknownNameError("regime", regime, REGIMES)
         if matrix:
             clash = [f for f, on in (("--mode", mode is not None), ("--dispersion", dispersion is not None),
                                      ("--first-epoch", first_epoch), ("--spec-tokens", spec_tokens != 0),
@@ -369,6 +378,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         elif window_h is not None and not (spec_tokens or divide_tokens):
             raise UserInputError("--window-h cuts the windows of --matrix, --spec-tokens or --divide-tokens only",
                                  fix="add one of them, or drop --window-h")
+        if regime != "model" and (spec_tokens or divide_tokens):
+            raise UserInputError("--regime applies to the replay bench and --matrix, not to the lever comparisons",
+                                 fix="drop --regime, or --spec-tokens / --divide-tokens")
         if spec_tokens and divide_tokens:
             raise UserInputError("--spec-tokens and --divide-tokens each compare one lever on / off",
                                  fix="run them one at a time")
@@ -388,7 +400,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 raise UserInputError(f"unknown bench trace {n!r}", fix=f"use 'all' or some of {sorted(known)}")
         if matrix:
             _bench_matrix(data, names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv,
-                          share_prompt=share_prompt, per_batch=per_batch, window_h=window_h, as_json=as_json)
+                          share_prompt=share_prompt, per_batch=per_batch, window_h=window_h, as_json=as_json,
+                          regime=regime)
             return
         if window_h is not None:
             from rollplan.sim.bench_replay import check_window_h
@@ -413,7 +426,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                                file=sys.stderr))), indent=1))
             return
         doc = run_bench(data, traces=names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv, share_prompt=share_prompt,
-                        mode=mode, per_batch=per_batch, dispersion=dispersion, first_epoch=first_epoch,
+                        mode=mode, per_batch=per_batch, dispersion=dispersion, first_epoch=first_epoch, regime=regime,
                         on_trace=None if as_json else (lambda n: print(f"replaying {n} ...", file=sys.stderr)))
         print(json.dumps(doc, indent=1))
         if as_json:
@@ -436,13 +449,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
 
 def _bench_matrix(data: Path, names: tuple[str, ...] | None, *, seed: int, jobs: int, tool_kv: str,
-                  share_prompt: bool, per_batch: bool, window_h: float | None, as_json: bool) -> None:
+                  share_prompt: bool, per_batch: bool, window_h: float | None, as_json: bool,
+                  regime: str = "model") -> None:
     """``bench replay --matrix``: the JSON (``run_matrix``), then, without ``--json``, a table on stderr."""
     from rollplan.sim.bench_replay import check_window_h, run_matrix
 
     check_window_h(window_h)
     doc = run_matrix(data, traces=names, seed=seed, jobs=jobs, tool_kv=tool_kv, share_prompt=share_prompt,
-                     per_batch=per_batch, window_h=window_h,
+                     per_batch=per_batch, window_h=window_h, regime=regime,
                      on_cell=None if as_json else (lambda n, m, w: print(f"replaying {n} {m} {w} ...", file=sys.stderr)))
     print(json.dumps(doc, indent=1))
     if as_json:

@@ -34,6 +34,9 @@ class BatchRecord:
     size: int
     done: float | None = None
     completions: list[float] = field(default_factory=list)  # seconds from batch start, in completion order
+    # The admission regime at each plan the rollplan policy adopted during the batch: (bound by its bulk,
+    # predicted-critical trajectories then). Empty for the baselines (they have no regime).
+    regimes: list[tuple[bool, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -116,6 +119,14 @@ class Recorder:
                 b.done = t
                 return
 
+    def regime(self, index: int, bulk: bool, critical: int) -> None:
+        """The rollplan policy adopted a plan during batch ``index``: its admission regime (``bulk``: bound by its
+        bulk) and how many trajectories were predicted-critical then."""
+        for b in reversed(self.batches):
+            if b.index == index:
+                b.regimes.append((bulk, critical))
+                return
+
     def roles(self, t: float, counts: dict[str, int]) -> None:
         if self.role_times and self.role_times[-1] == t:
             self.role_counts[-1] = dict(counts)
@@ -190,8 +201,20 @@ def batch_rows(rec: Recorder) -> list[dict[str, Any]]:
             "completed": len(b.completions),
             "rollout_s": _r(rollout, 3),
             "tail_share": _r(tail_share(b.completions, rollout) if rollout is not None else None),
+            "regime": regime_row(b.regimes),
         })
     return rows
+
+
+def regime_row(regimes: list[tuple[bool, int]]) -> dict[str, Any] | None:
+    """A batch's admission regimes (``BatchRecord.regimes``) as plain data: the first adopted plan's regime
+    ("bulk" or "path": bound by its bulk or by its critical path) and predicted-critical count, and how many of
+    the batch's plans found it bound by its bulk; None when no plan set a regime (the baselines)."""
+    if not regimes:
+        return None
+    bulk, critical = regimes[0]
+    return {"first": "bulk" if bulk else "path", "critical": critical,
+            "bulk_plans": sum(1 for b, _c in regimes if b), "plans": len(regimes)}
 
 
 def summarize(rec: Recorder, *, bins: int = 60) -> dict[str, Any]:

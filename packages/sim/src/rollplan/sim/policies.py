@@ -740,6 +740,8 @@ class RollplanPolicy(BasePolicy):
             self._bulk_bound = bulk_regime_pays(work, dec_s, self._cp[j] - dec_s, perf=sim.live[0].perf.perf,
                                                 slots=sum(1 for r in plan.roles.values() if r.decodes),
                                                 critical=len(self._critical()), headrooms=self.headrooms)
+        if self._cp:
+            sim.recorder.regime(sim.batch, self._bulk_bound, len(self._critical()))
         index = sim.slot_index
         by_id = {t.spec.id: t for t in sim.trajs}
         # 1. Slots that will decode: bring them up first (their engines start now).
