@@ -77,6 +77,8 @@ async def scenario(cluster, nodes: dict, model: Path, kv_dir: Path, n: int, chea
         tokens = sum(r.generated_tokens for r in results)
         return {
             "policy": policy,
+            "moves": ex.ctl.config.moves,  # which plan moves are carried out (ExecutorConfig.moves)
+            "moves_not_carried_out": ex.ctl.stats.moves_not_carried_out,
             "admissions": len(ex.ctl.admissions),
             "trajectories": {
                 "total": len(batch),

@@ -249,8 +249,9 @@ async def _execute_rollplan(pol: _RecordingRollplan, caps: dict[str, int],
     # The planner is replaced at the planning boundary by the simulator's recorded plans: at each recorded solve
     # the controller takes its snapshot (which refreshes its dispatch keys), with the stand-in engines reporting
     # the simulator's decode progress; each plan is adopted and applied (``Controller.adopt`` / ``apply``, as
-    # ``replan`` does after a solve) where the simulator applied it. Their actions (role switches on the
-    # simulated slots) are dropped: the stand-in engines serve MIXED already.
+    # ``replan`` does after a solve) where the simulator applied it. Their actions are dropped: the stand-in
+    # engines serve MIXED already, and the plans' migrations here are all rebalancing moves (no slot leaves),
+    # which neither adapter carries out under the default rule (MOVES "forced"; the recording checks it).
     sim = pol.sim
     ctl = _controller(ExecutorConfig(engine=EngineConfig(model="unused"), policy="rollplan", clock=lambda: 0.0,
                                      gpu_kind="h800", perf=lambda gpu, tp: sim.perf_for(gpu, tp).perf),
@@ -273,6 +274,9 @@ async def _execute_rollplan(pol: _RecordingRollplan, caps: dict[str, int],
             await asyncio.sleep(0)
         for rid, sid in ctl.admissions[seen:]:
             out.append(("admit", rid, sid))
+            # The stand-in engine holds the admitted trajectory's KV from now on, as a real one does once it
+            # prefilled it (``TrajectoryRun.home``): a plan's placement no longer moves it, only a migration.
+            ctl.runs[rid].home = sid
         seen = len(ctl.admissions)
 
     for kind, tid, _slot in pol.log:
@@ -317,6 +321,7 @@ def test_rollplan_plans_steer_the_same_admissions_in_both_adapters() -> None:
     assert len(pol.plans) >= 2
     placed = {t: s for p in pol.plans for t, s in p.placement.items()}
     assert sum(admits[t] == s for t, s in placed.items() if t in admits) >= 2
+    assert run.summary["counters"].get("migrations_kv", 0) == 0  # the moves the controller's stand-ins skip
     regimes: list[bool] = []
     got = asyncio.run(_execute_rollplan(pol, caps, regimes))
     assert got == pol.log
@@ -356,3 +361,35 @@ def test_the_controllers_regime_is_the_cores() -> None:
             assert ctl._bulk_bound == want
             seen.add(want)
         assert seen == {True, False}
+
+
+@pytest.mark.parametrize("moves", ["all", "forced"])
+def test_the_controller_carries_out_the_moves_the_core_rule_keeps(moves: str) -> None:
+    # ExecutorConfig.moves: the controller applies a plan's migrations as the core's carries_out_move decides,
+    # the simulator's rollplan policy's rule: under "forced" a move between two slots that keep decoding is
+    # dropped (and counted); moves off a slot with a deadline, off one the plan turns OFF, and every other
+    # action are kept; under "all" everything is.
+    from rollplan.models.types import Action, ActionKind
+    from rollplan.policy.dispatch import carries_out_move
+
+    caps = {"s0": 200_000, "s1": 200_000, "s2": 200_000, "s3": 200_000}
+    ctl = _controller(ExecutorConfig(engine=EngineConfig(model="unused"), policy="rollplan", clock=lambda: 0.0,
+                                     moves=moves), caps, plan_fn=_never_solved)
+    ctl.slots["s1"].return_by = 30.0  # a preemption notice: s1 is leaving
+    roles = {"s0": Role.MIXED, "s1": Role.MIXED, "s2": Role.OFF, "s3": Role.DECODE}
+    actions = (
+        Action(ActionKind.MIGRATE_KV, "s0", trajectory="t0", target="s3"),  # rebalancing: s0 keeps decoding
+        Action(ActionKind.MIGRATE_REPREFILL, "s3", trajectory="t1", target="s0"),  # rebalancing too
+        Action(ActionKind.MIGRATE_KV, "s1", trajectory="t2", target="s0"),  # off a leaving slot
+        Action(ActionKind.MIGRATE_KV, "s2", trajectory="t3", target="s0"),  # off a slot the plan turns OFF
+        Action(ActionKind.SWITCH_ROLE, "s2", role=Role.OFF),
+    )
+    plan = Plan(time=0.0, roles=roles, placement={}, actions=actions, makespan=1.0, switching_cost=0.0,
+                lower_bound=0.0, objective=0.0, terms=(), status=SolveStatus.FEASIBLE, backend="recorded")
+    kept = [a.trajectory or a.kind.value for a in actions if ctl._carries_out(a, plan)]
+    want = [a.trajectory or a.kind.value for a in actions
+            if a.kind not in (ActionKind.MIGRATE_KV, ActionKind.MIGRATE_REPREFILL)
+            or carries_out_move(moves, source_leaving=a.slot == "s1", source_decodes=roles[a.slot].decodes)]
+    assert kept == want
+    assert kept == (["t0", "t1", "t2", "t3", "switch_role"] if moves == "all" else ["t2", "t3", "switch_role"])
+    assert ctl.stats.moves_not_carried_out == (0 if moves == "all" else 2)

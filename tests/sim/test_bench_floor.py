@@ -67,6 +67,8 @@ def test_no_policy_beats_the_floor() -> None:
     assert pb["regime"]["rollplan"] == [b["regime"] for b in rp.summary["batches"]]
     assert all(r is not None and r["first"] in ("bulk", "path") for r in pb["regime"]["rollplan"])
     assert "per_batch" not in trace_row("floor", res)
+    # The row carries what each replay counted (evictions, KV lost, migrations, moves not carried out).
+    assert trace_row("floor", res)["counters"] == {r.name: r.summary["counters"] for r in res.runs}
 
 
 def _ceiling_scenario(mode: LendMode, duration_s: float | None = None) -> Scenario:

@@ -418,3 +418,55 @@ def test_only_informed_predictions_make_a_trajectory_critical() -> None:
     assert pol.seen[0][0] == 0  # batch start, nothing known: nobody critical
     assert any(n > 0 for n, _ok in pol.seen)  # once siblings finish, group predictions single some out
     assert all(ok for _n, ok in pol.seen)
+
+
+class _MoveAudit(RollplanPolicy):
+    """rollplan, recording every migration it carries out with what its source slot was then: leaving (a
+    deadline, or gone) and whether the plan keeps it decoding."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.moves_done: list[tuple[bool, bool]] = []
+
+    def _apply(self, sim, plan):
+        inner = sim.migrate
+
+        def migrate(j, target, *, by_kv):
+            t = sim.trajs[j]
+            if t.slot >= 0 and t.kv_ok:
+                src = sim.slots[t.slot]
+                self.moves_done.append((src.return_by is not None or not src.present,
+                                        plan.roles.get(src.id, src.role).decodes))
+            return inner(j, target, by_kv=by_kv)
+
+        sim.migrate = migrate
+        try:
+            super()._apply(sim, plan)
+        finally:
+            sim.migrate = inner
+
+
+@pytest.mark.parametrize("moves", ["all", "forced"])
+def test_rollplan_carries_out_only_the_moves_its_rule_keeps(moves: str) -> None:
+    # MOVES / rollplan.policy.dispatch.carries_out_move: under "forced" every migration the policy carries out
+    # leaves a slot that is going (a preemption notice) or stops decoding, and the plans' other moves are
+    # dropped (counted: moves_not_carried_out); under "all" the plans' rebalancing moves (between two slots
+    # that keep decoding) are carried out too. Not vacuous: moves of both kinds are planned on this replay
+    # (spot GPUs coming and going under 32 trajectories on 4 dedicated GPUs).
+    from rollplan.sim.traces import synthetic_spot_trace
+
+    trace = synthetic_spot_trace(2 * 3600, max_gpus=4, seed=3, mean_alloc_gap_s=300, mean_preempt_gap_s=300)
+    src = BatchSource.dataset(builtin_bases(3, prompts=16), groups=4, samples=8, seed=3, max_context=40960)
+    sc = Scenario("moves", src, dedicated=4, trace=trace, max_batches=2, warmup_batches=2,
+                  sim=SimConfig(fold_tool_s=5.0), replan_interval_s=60.0, seed=3)
+    pol = _MoveAudit(moves=moves)
+    run = run_policy(sc, pol)
+    assert run.summary["trajectories_completed"] == 2 * 32
+    dropped = run.summary["counters"].get("moves_not_carried_out", 0)
+    rebalancing = [m for m in pol.moves_done if not m[0] and m[1]]
+    if moves == "forced":
+        assert not rebalancing and dropped > 0
+    else:
+        assert rebalancing and dropped == 0
+    with pytest.raises(UnknownNameError):
+        make_policy("rollplan", moves="some")

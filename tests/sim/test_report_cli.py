@@ -132,3 +132,8 @@ def test_bench_replay_mode_and_jobs(shared_data: Path, capsys: pytest.CaptureFix
     assert "unknown regime 'shares'" in _one_line_error(capsys)
     assert main(["bench", "replay", "--regime", "share", "--divide-tokens", "2048"]) == 2
     assert "--regime applies to the replay bench" in _one_line_error(capsys)
+    # --moves: which of its plans' migrations rollplan carries out (forced, or all to compare); the same errors.
+    assert main(["bench", "replay", "--moves", "none"]) == 2
+    assert "unknown move rule 'none'" in _one_line_error(capsys)
+    assert main(["bench", "replay", "--moves", "all", "--spec-tokens", "2"]) == 2
+    assert "--moves applies to the replay bench" in _one_line_error(capsys)

@@ -235,6 +235,8 @@ async def _bench(
             tokens = sum(r.generated_tokens for r in results)
             out["rollout"] = {
                 "policy": policy,
+                "moves": ex.ctl.config.moves,
+                "moves_not_carried_out": ex.ctl.stats.moves_not_carried_out,
                 "trajectories": len(batch),
                 "done": sum(1 for r in results if r.ok),
                 "seconds": wall,

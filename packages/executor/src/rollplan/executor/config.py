@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollplan.models.perf import PerfProvider
+from rollplan.policy.dispatch import MOVE_RULES, MOVES
 
 WORKER_EXTENSION = "rollplan.executor.worker_ext.WeightSyncExtension"
 
@@ -252,7 +253,9 @@ class ExecutorConfig:
     headrooms) or "elastic-plus" (no planner: every slot MIXED, least-loaded placement, the same
     longest-first order, vLLM's default admission), the simulator's policies of the same names.
     ``admission``: new trajectories wait in the core's dispatch queue until a slot's KV admits them (off: every
-    trajectory is routed at once and the engines queue what they cannot fit).
+    trajectory is routed at once and the engines queue what they cannot fit). ``moves``: which of a plan's
+    migrations the controller carries out (``rollplan.policy.dispatch.carries_out_move``: "all", or "forced":
+    only off a slot that is leaving or stops decoding), as the simulator's rollplan policy does.
     """
 
     engine: EngineConfig
@@ -279,6 +282,7 @@ class ExecutorConfig:
     prediction_prior_tokens: float = 64.0
     policy: str = "rollplan"
     admission: bool = True
+    moves: str = MOVES
     clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
@@ -286,3 +290,7 @@ class ExecutorConfig:
             from rollplan.models.errors import UnknownNameError
 
             raise UnknownNameError("executor policy", self.policy, EXECUTOR_POLICIES)
+        if self.moves not in MOVE_RULES:
+            from rollplan.models.errors import UnknownNameError
+
+            raise UnknownNameError("move rule", self.moves, MOVE_RULES)

@@ -58,6 +58,7 @@ from rollplan.policy.dispatch import (
     Headrooms,
     SlotLoad,
     bulk_regime_pays,
+    carries_out_move,
     choose_slot,
     critical_set,
     is_bulk_bound,
@@ -95,6 +96,7 @@ class ControllerStats:
     events: list[tuple[float, str, tuple[str, ...]]] = field(default_factory=list)
     engine_starts: list[float] = field(default_factory=list)
     returns: dict[str, float] = field(default_factory=dict)  # slot -> seconds before (+) / after (-) deadline
+    moves_not_carried_out: int = 0  # a plan's migrations its source slot did not force (ExecutorConfig.moves)
 
     def actions_by_kind(self) -> dict[str, dict[str, float]]:
         by: dict[str, list[ActionRecord]] = defaultdict(list)
@@ -632,7 +634,23 @@ class Controller:
             if r.home is None or r.home == slot or r.home not in self.slots or not self.slots[r.home].usable:
                 r.placement = slot
         self._notify_routing()
-        await self.apply_actions(plan.actions)
+        await self.apply_actions([a for a in plan.actions if self._carries_out(a, plan)])
+
+    def _carries_out(self, a: Action, plan: Plan) -> bool:
+        """Whether ``a`` is carried out: every action but a migration off a slot that neither leaves (a
+        deadline, or gone) nor stops decoding under ``plan``, when ``ExecutorConfig.moves`` is "forced"
+        (``rollplan.policy.dispatch.carries_out_move``, as the simulator's rollplan policy decides)."""
+        if a.kind not in (ActionKind.MIGRATE_KV, ActionKind.MIGRATE_REPREFILL) or self.config.moves == "all":
+            return True
+        src = self.slots.get(a.slot)
+        if src is None:
+            return True  # the source is gone: its trajectory has to move
+        role = plan.roles.get(src.id, src.role)
+        keep = carries_out_move(self.config.moves, source_leaving=src.return_by is not None or not src.usable,
+                                source_decodes=role.decodes)
+        if not keep:
+            self.stats.moves_not_carried_out += 1
+        return keep
 
     async def apply_actions(self, actions: Sequence[Action]) -> None:
         """Apply ``actions`` in ``ACTION_ORDER`` (concurrently within a kind). Raises ``ActionFailures``

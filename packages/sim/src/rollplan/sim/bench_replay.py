@@ -36,7 +36,7 @@ from rollplan.models.errors import UserInputError
 from rollplan.sim.engine import SimConfig, SimTraj
 from rollplan.sim.lending import LendingConfig, LendingSchedule, LendMode
 from rollplan.sim.metrics import common_tail_shares
-from rollplan.sim.policies import POLICY_NAMES, REGIME, make_policy
+from rollplan.sim.policies import MOVES, POLICY_NAMES, REGIME, make_policy
 from rollplan.sim.replay import (
     SWEBENCH_FILES,
     BatchSource,
@@ -267,6 +267,9 @@ def trace_row(name: str, result: ReplayResult, *, per_batch: bool = False) -> di
         "gpu_seconds_by_role": {k: role_shares(v) for k, v in s.items()},
         "batches": {k: v["batches_completed"] for k, v in s.items()},
         "replans_rollplan": s.get("rollplan", {}).get("replans", {}).get("count"),
+        # What each policy's replay counted: evictions, KV lost with a slot, migrations carried out (and, for
+        # rollplan under MOVES "forced", the plans' moves it did not carry out).
+        "counters": {k: v.get("counters", {}) for k, v in s.items()},
         "gap_rollplan_mean": s.get("rollplan", {}).get("replans", {}).get("gap", {}).get("mean"),
         "wall_s": round(result.wall_s, 2),
         "events": sum(v["events"] for v in s.values()),
@@ -321,12 +324,13 @@ def run_bench(
     dispersion: float | None = None,
     first_epoch: bool = False,
     regime: str = REGIME,
+    moves: str = MOVES,
 ) -> dict[str, Any]:
     """Run the benchmark; returns the JSON document (rows per trace + timing of the p3 replay). ``jobs``: worker
     processes per trace (``run_replay``); the rows do not depend on it, the timing does. ``per_batch``: each
     row also carries ``per_batch_rows``. ``dispersion``, ``first_epoch``: the workload (``workload_options``).
     ``regime``: the rollplan policy's admission regime rule (``rollplan.sim.policies.REGIME``; "share" replays
-    the rule it replaced)."""
+    the rule it replaced); ``moves``: which of its plans' migrations it carries out (``MOVES``)."""
     d = Path(data_dir)
     bases = bench_bases(d)
     names = traces or tuple(t[0] for t in BENCH_TRACES)
@@ -341,7 +345,7 @@ def run_bench(
         t0, c0 = time.perf_counter(), time.process_time()
         # With workers, the longest runs first (as measured on p3), so the short ones fill in at the end.
         order = list(POLICY_NAMES) if jobs == 1 else sorted(POLICY_NAMES, key=LONGEST_FIRST.index)
-        res = run_replay(sc, [make_policy(p, regime=regime) for p in order], jobs=jobs)
+        res = run_replay(sc, [make_policy(p, regime=regime, moves=moves) for p in order], jobs=jobs)
         res.runs.sort(key=lambda r: POLICY_NAMES.index(r.name))
         wall = time.perf_counter() - t0
         cpu = res.cpu_s if jobs > 1 else time.process_time() - c0
@@ -371,7 +375,7 @@ def run_bench(
             "dedicated_gpus": 16, "lent_gpus": 8, "preemptible_max_gpus": 16, "gpu": "h800", "model": "qwen3-8b",
             "workload": f"swebench {GROUPS} prompts x {SAMPLES} samples per batch", "mode": mode,
             "train_step_s": 120.0, "notice_s": 30.0, "replan_interval_s": REPLAN_INTERVAL_S,
-            "fold_tool_s": SimConfig().fold_tool_s, "tool_kv": tool_kv, "share_prompt": share_prompt, **planner_setting(), "rollplan_regime": regime,
+            "fold_tool_s": SimConfig().fold_tool_s, "tool_kv": tool_kv, "share_prompt": share_prompt, **planner_setting(), "rollplan_regime": regime, "rollplan_moves": moves,
             "warmup_batches": WARMUP_BATCHES, "seed": seed,
             "dispersion": dispersion if dispersion is not None else DEFAULT_DISPERSION, "first_epoch": first_epoch,
         },
@@ -512,13 +516,14 @@ def run_matrix(
     share_prompt: bool = True,
     per_batch: bool = False,
     regime: str = REGIME,
+    moves: str = MOVES,
     on_cell: Callable[[str, str, str], None] | None = None,
 ) -> dict[str, Any]:
     """The bench's matrix: every trace (``BENCH_TRACES``, or ``traces``) x ``modes`` x ``workloads``
     (``MATRIX_WORKLOADS`` names; None: all), all six policies per cell (``matrix_cell``), each window cut to its
     first ``window_h`` hours where given. Returns the JSON document: ``matrix`` (cells, a summary of the
     targets, how windows were cut) and ``traces`` (the bench rows of the sync 128x16-history cells, the
-    default bench's rows when no window is cut). ``regime``: as in ``run_bench``."""
+    default bench's rows when no window is cut). ``regime``, ``moves``: as in ``run_bench``."""
     check_window_h(window_h)
     d = Path(data_dir)
     check_bench_data(d)
@@ -539,7 +544,7 @@ def run_matrix(
                 sc = matrix_scenario(d, name, mode, w, bases=bases, seed=seed, tool_kv=tool_kv,
                                      share_prompt=share_prompt, window_h=window_h)
                 order = list(POLICY_NAMES) if jobs == 1 else sorted(POLICY_NAMES, key=LONGEST_FIRST.index)
-                res = run_replay(sc, [make_policy(p, regime=regime) for p in order], jobs=jobs)
+                res = run_replay(sc, [make_policy(p, regime=regime, moves=moves) for p in order], jobs=jobs)
                 res.runs.sort(key=lambda r: POLICY_NAMES.index(r.name))
                 workers_cpu += res.cpu_s if jobs > 1 else 0.0
                 cells.append(matrix_cell(name, mode, w, res, per_batch=per_batch))
@@ -550,7 +555,7 @@ def run_matrix(
         "scenario": {
             "dedicated_gpus": 16, "lent_gpus": 8, "preemptible_max_gpus": 16, "gpu": "h800", "model": "qwen3-8b",
             "train_step_s": 120.0, "notice_s": 30.0, "replan_interval_s": REPLAN_INTERVAL_S,
-            "tool_kv": tool_kv, "share_prompt": share_prompt, **planner_setting(), "rollplan_regime": regime,
+            "tool_kv": tool_kv, "share_prompt": share_prompt, **planner_setting(), "rollplan_regime": regime, "rollplan_moves": moves,
             "seed": seed,
         },
         "matrix": {

@@ -32,7 +32,7 @@ from rollplan.policy.dispatch import (
 )
 from rollplan.sim.bench_replay import check_bench_data, workload_options
 from rollplan.sim.lending import LendingConfig, LendMode
-from rollplan.sim.policies import PATH_Z, REGIME, make_policy
+from rollplan.sim.policies import MOVES, PATH_Z, REGIME, make_policy
 from rollplan.sim.replay import BatchSource, Scenario, run_replay, swebench_bases
 from rollplan.sim.traces import synthetic_spot_trace
 
@@ -66,6 +66,7 @@ VARIANTS: tuple[tuple[str, str, float | str], ...] = (
     ("critical_headroom", "CRITICAL_HEADROOM", 0.7),
     ("critical_headroom", "CRITICAL_HEADROOM", 0.95),
     ("regime", "REGIME", "share"),
+    ("moves", "MOVES", "forced" if MOVES == "all" else "all"),
     ("critical_share", "CRITICAL_SHARE", 0.7),
     ("critical_share", "CRITICAL_SHARE", 0.95),
     ("dispatch_z", "DISPATCH_Z", 0.0),
@@ -77,10 +78,13 @@ VARIANTS: tuple[tuple[str, str, float | str], ...] = (
 whole headroom rule off (no headroom anywhere); ``dispatch_z`` 0 dispatches by the predicted mean; ``path_z``
 prices the planner's critical paths at that many spreads above the predictions (``PlannerConfig.path_z``);
 ``regime`` "share": the batch counts as bound by its bulk when the plan's work bound reaches ``BULK_SHARE`` of
-the longest pessimistic path (``is_bulk_bound``), instead of the step model's comparison."""
+the longest pessimistic path (``is_bulk_bound``), instead of the step model's comparison; ``moves``: the other
+rule for the plans' migrations (``MOVES``; its row names the value moved to, so it is the rule not in force
+when ``MOVES`` changes)."""
 
 DEFAULTS = {"KV_HEADROOM": KV_HEADROOM, "BULK_HEADROOM": BULK_HEADROOM, "CRITICAL_HEADROOM": CRITICAL_HEADROOM,
-            "CRITICAL_SHARE": CRITICAL_SHARE, "DISPATCH_Z": DISPATCH_Z, "PATH_Z": PATH_Z, "REGIME": REGIME}
+            "CRITICAL_SHARE": CRITICAL_SHARE, "DISPATCH_Z": DISPATCH_Z, "PATH_Z": PATH_Z, "REGIME": REGIME,
+            "MOVES": MOVES}
 
 OTHERS = ("elastic-colocated", "elastic-plus")
 """The policies the default rollplan is compared with (the strongest baselines of ``rollplan bench replay``)."""

@@ -337,6 +337,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         regime: Annotated[str, typer.Option("--regime", help="rollplan's admission regime rule: model (the "
                                             "default: the step model decides) | share (the rule it replaced, "
                                             "BULK_SHARE of the longest path), to compare.")] = "model",
+        moves: Annotated[str | None, typer.Option("--moves", help="which of its plans' migrations rollplan carries out: "
+                                           "all | forced (only off a slot that is leaving or stops decoding); "
+                                           "default: the policy's (MOVES).")] = None,
         matrix: Annotated[bool, typer.Option("--matrix", help="Every trace x {sync, async} x {128x16-history, "
                                              "32x8-no-history, dispersion-0.6}: the JSON's 'matrix' (docs/simulator.md).")] = False,
         window_h: Annotated[float | None, typer.Option("--window-h", help="With --matrix, --spec-tokens or "
@@ -381,6 +384,16 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if regime != "model" and (spec_tokens or divide_tokens):
             raise UserInputError("--regime applies to the replay bench and --matrix, not to the lever comparisons",
                                  fix="drop --regime, or --spec-tokens / --divide-tokens")
+        from rollplan.sim.policies import MOVE_RULES, MOVES
+
+        if moves is not None and moves not in MOVE_RULES:
+            from rollplan.models.errors import UnknownNameError
+
+            raise UnknownNameError("move rule", moves, MOVE_RULES)
+        if moves is not None and (spec_tokens or divide_tokens):
+            raise UserInputError("--moves applies to the replay bench and --matrix, not to the lever comparisons",
+                                 fix="drop --moves, or --spec-tokens / --divide-tokens")
+        moves = moves or MOVES
         if spec_tokens and divide_tokens:
             raise UserInputError("--spec-tokens and --divide-tokens each compare one lever on / off",
                                  fix="run them one at a time")
@@ -401,7 +414,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if matrix:
             _bench_matrix(data, names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv,
                           share_prompt=share_prompt, per_batch=per_batch, window_h=window_h, as_json=as_json,
-                          regime=regime)
+                          regime=regime, moves=moves)
             return
         if window_h is not None:
             from rollplan.sim.bench_replay import check_window_h
@@ -426,7 +439,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                                file=sys.stderr))), indent=1))
             return
         doc = run_bench(data, traces=names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv, share_prompt=share_prompt,
-                        mode=mode, per_batch=per_batch, dispersion=dispersion, first_epoch=first_epoch, regime=regime,
+                        mode=mode, per_batch=per_batch, dispersion=dispersion, first_epoch=first_epoch, regime=regime, moves=moves,
                         on_trace=None if as_json else (lambda n: print(f"replaying {n} ...", file=sys.stderr)))
         print(json.dumps(doc, indent=1))
         if as_json:
@@ -450,13 +463,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
 def _bench_matrix(data: Path, names: tuple[str, ...] | None, *, seed: int, jobs: int, tool_kv: str,
                   share_prompt: bool, per_batch: bool, window_h: float | None, as_json: bool,
-                  regime: str = "model") -> None:
+                  regime: str, moves: str) -> None:
     """``bench replay --matrix``: the JSON (``run_matrix``), then, without ``--json``, a table on stderr."""
     from rollplan.sim.bench_replay import check_window_h, run_matrix
 
     check_window_h(window_h)
     doc = run_matrix(data, traces=names, seed=seed, jobs=jobs, tool_kv=tool_kv, share_prompt=share_prompt,
-                     per_batch=per_batch, window_h=window_h, regime=regime,
+                     per_batch=per_batch, window_h=window_h, regime=regime, moves=moves,
                      on_cell=None if as_json else (lambda n, m, w: print(f"replaying {n} {m} {w} ...", file=sys.stderr)))
     print(json.dumps(doc, indent=1))
     if as_json:

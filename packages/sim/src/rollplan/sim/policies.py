@@ -46,9 +46,12 @@ from rollplan.policy.dispatch import (
     DISPATCH_Z,
     INFORMED_SOURCES,
     KV_HEADROOM,
+    MOVE_RULES,
+    MOVES,
     Headrooms,
     SlotLoad,
     bulk_regime_pays,
+    carries_out_move,
     critical_set,
     follows_plan,
     is_bulk_bound,
@@ -422,7 +425,8 @@ class RollplanPolicy(BasePolicy):
                  deterministic: bool = True, charge_solve: bool = True, kv_headroom: float = KV_HEADROOM,
                  bulk_headroom: float = BULK_HEADROOM, critical_headroom: float = CRITICAL_HEADROOM,
                  bulk_share: float = BULK_SHARE, critical_share: float = CRITICAL_SHARE,
-                 dispatch_z: float = DISPATCH_Z, path_z: float = PATH_Z, regime: str = REGIME) -> None:
+                 dispatch_z: float = DISPATCH_Z, path_z: float = PATH_Z, regime: str = REGIME,
+                 moves: str = MOVES) -> None:
         from rollplan.sim.predict import Predictor
         from rollplan.solver import BACKENDS, Planner, PlannerConfig
 
@@ -432,6 +436,8 @@ class RollplanPolicy(BasePolicy):
             raise UnknownNameError("planner backend", backend, BACKENDS)
         if regime not in REGIMES:
             raise UnknownNameError("regime", regime, REGIMES)
+        if moves not in MOVE_RULES:
+            raise UnknownNameError("move rule", moves, MOVE_RULES)
         self.backend = backend
         self.time_limit = time_limit
         self.switch_weight = switch_weight
@@ -449,6 +455,7 @@ class RollplanPolicy(BasePolicy):
         self.critical_headroom, self.bulk_headroom = self.headrooms.levels(False)[0], self.headrooms.levels(True)[1]
         self.bulk_share = bulk_share
         self.regime = regime
+        self.moves = moves
         self.critical_share = critical_share
         self.dispatch_z = dispatch_z
         self.path_z = path_z
@@ -757,6 +764,12 @@ class RollplanPolicy(BasePolicy):
         for tid, a in moves.items():
             t = by_id.get(tid)
             if t is not None and a.target in index:
+                if t.slot >= 0 and t.kv_ok and self.moves != "all":  # a move of KV its slot does not force (MOVES)
+                    src = sim.slots[t.slot]
+                    if not carries_out_move(self.moves, source_leaving=src.return_by is not None or not src.present,
+                                            source_decodes=plan.roles.get(src.id, src.role).decodes):
+                        sim.recorder.count("moves_not_carried_out")
+                        continue
                 sim.migrate(t.idx, index[a.target], by_kv=a.kind is ActionKind.MIGRATE_KV)
         # 3. Slots leaving decode (PREFILL / OFF) last, once their trajectories moved.
         for sid, role in plan.roles.items():
@@ -1036,7 +1049,7 @@ def make_policy(name: str, **options: Any) -> BasePolicy:
         return RollplanPolicy(**{k: v for k, v in options.items()
                                  if k in ("backend", "time_limit", "switch_weight", "deterministic", "charge_solve",
                                           "kv_headroom", "bulk_headroom", "critical_headroom", "bulk_share",
-                                          "critical_share", "dispatch_z", "path_z", "regime")})
+                                          "critical_share", "dispatch_z", "path_z", "regime", "moves")})
     raise UnknownNameError("policy", name, POLICY_NAMES)
 
 

@@ -223,6 +223,38 @@ def bulk_regime_pays(work_bound: float, path_decode_s: float, path_tool_s: float
     return bulk <= crit
 
 
+MOVE_RULES = ("all", "forced")
+"""Which of a plan's migrations an adapter carries out (``carries_out_move``): "all" of them, or only the
+"forced" ones (the trajectory's slot is leaving or stops decoding)."""
+MOVES = "forced"
+"""The rule both adapters apply by default (the simulator's rollplan policy, ``ExecutorConfig.moves``): the
+forced moves only. Not a constant chosen by a sweep but one of two rules, measured both ways at one commit
+(README, "The plans' moves"): on the replay matrix "forced" is ahead in 6 of the 12 128 x 16 cells (up to
++1.2%), equal in 4 and behind in 2 (parcae-hh and hl async, -0.3% and -0.1%), no cell below the best other
+policy; on the held-out scenarios of ``rollplan bench sensitivity`` every plan move carried out reads 0.995 to
+1.033 of it, median 1.000 (1.033: a batch that starts before the window's end); and it carries out a few
+percent of the migrations (p3: 370 against 12,636), each an abort and a resume on a real engine."""
+
+
+def carries_out_move(rule: str, *, source_leaving: bool, source_decodes: bool) -> bool:
+    """Whether an adapter carries out a plan's migration of a trajectory off the slot that holds its KV.
+
+    ``source_leaving``: that slot is going (a preemption notice or a reclaim deadline: its KV is lost unless
+    moved, or it is already gone); ``source_decodes``: the plan keeps it decoding (MIXED or DECODE).
+    Under ``rule`` "forced" only the moves the slot forces are carried out: off a leaving slot, or off one the
+    plan turns to PREFILL or OFF. A move between two slots that both keep decoding (a rebalancing move) is
+    not: while trajectories wait to be admitted the dispatcher balances the slots by where it starts them,
+    and the planner prices a move by its KV transfer alone, not by what it costs the moved trajectory on its
+    new slot (it arrives where the admission headroom already counts the residents, and its KV there is the
+    first an admission evicts while it is in a tool call; README, "Trace replay", has the measurements).
+    Under "all" every move is carried out. Callers: both adapters, once per migration of each adopted
+    plan. A trajectory with no KV anywhere has no slot to leave: its "move" is a placement, always kept (the
+    caller does not ask)."""
+    if rule not in MOVE_RULES:
+        raise ValueError(f"unknown move rule {rule!r}; use one of {MOVE_RULES}")
+    return rule == "all" or source_leaving or not source_decodes
+
+
 @dataclass(frozen=True, slots=True)
 class SlotLoad:
     """What admission reads of one slot that takes new work now (serving, decoding, not being returned).
