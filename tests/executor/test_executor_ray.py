@@ -419,25 +419,51 @@ def test_dead_engine_core_is_replaced(h: Harness, reference_v1) -> None:
     ex, ctl = h.executor, h.executor.ctl
 
     def core_of(pid: int) -> list[psutil.Process]:
-        return [c for c in psutil.Process(pid).children(recursive=True)
-                if "EngineCore" in c.name() or "EngineCore" in " ".join(c.cmdline())]
+        """vLLM's engine core under an engine actor: a spawned child that titles itself ``VLLM::EngineCore``
+        (setproctitle) once it runs; before that, or where the title cannot be set, it is still the
+        multiprocessing spawn child (the resource tracker, the actor's other child, is neither)."""
+        found = []
+        for c in psutil.Process(pid).children(recursive=True):
+            try:
+                name, cmd = c.name(), " ".join(c.cmdline())
+            except psutil.Error:
+                continue
+            if "EngineCore" in name or "EngineCore" in cmd or "spawn_main" in cmd:
+                found.append(c)
+        return found
 
-    # A slot whose engine is up (its EngineCore process exists): a replacement engine started after the
-    # node removal above may still be starting, with no core to kill yet. On a loaded 2-core machine (the
-    # full suite) an engine start has taken over 2 minutes, so wait up to 8.
-    pid, slot = 0, ""
-    pids: dict[str, int] = {}
-    deadline = time.monotonic() + 480.0
-    while time.monotonic() < deadline:
-        live = [s for s in ctl.slots.values() if s.usable and s.engine is not None and s.engine.alive]
-        pids = {s.id: h.run(s.engine.actor.info.remote())["pid"] for s in live if s.engine is not None}
-        ready = [sid for sid, p in pids.items() if core_of(p)]
-        if ready:
-            slot, pid = ready[0], pids[ready[0]]
-            break
-        time.sleep(0.5)
-    seen = {sid: [c.name() for c in psutil.Process(p).children(recursive=True)] for sid, p in pids.items()}
-    assert slot, f"no engine with an EngineCore process after 480 s; live engines' child processes: {seen}"
+    # An engine that serves, with its core up. The previous tests leave e's engine serving, but a re-plan
+    # may have stopped it or a replacement may still be starting (on a loaded 2-core machine a start has
+    # taken over 2 minutes): wait for the one that is starting, or start one, with planning held (as at
+    # the module start), rather than poll for a core that may never come.
+    ctl.autoplan = False
+    try:
+        usable = [s for s in ctl.slots.values() if s.usable]
+        assert usable, f"no usable slot left: {[(s.id, s.usable) for s in ctl.slots.values()]}"
+        if not any(s.serving for s in usable):
+            starting = [s for s in usable if s.engine is not None and s.engine.alive]
+            if starting and starting[0].engine is not None:
+                h.run(starting[0].engine.ready.wait(), timeout=900)
+            else:
+                h.run(ex.warm_up([usable[0].id]), timeout=900)
+        pid, slot = 0, ""
+        pids: dict[str, int] = {}
+        deadline = time.monotonic() + 120.0
+        while time.monotonic() < deadline:
+            live = [s for s in ctl.slots.values() if s.serving and s.engine is not None]
+            pids = {s.id: h.run(s.engine.actor.info.remote())["pid"] for s in live if s.engine is not None}
+            ready = [sid for sid, p in pids.items() if core_of(p)]
+            if ready:
+                slot, pid = ready[0], pids[ready[0]]
+                break
+            time.sleep(0.5)
+    finally:
+        ctl.autoplan = True
+    seen = {
+        sid: [(c.name(), " ".join(c.cmdline())[:80]) for c in psutil.Process(p).children(recursive=True)]
+        for sid, p in pids.items()
+    }
+    assert slot, f"no serving engine with a vLLM core process; serving engines' child processes: {seen}"
     old = ctl.slots[slot].engine
     assert old is not None
     killed: list[int] = []
