@@ -442,10 +442,15 @@ def test_dead_engine_core_is_replaced(h: Harness, reference_v1) -> None:
         assert usable, f"no usable slot left: {[(s.id, s.usable) for s in ctl.slots.values()]}"
         if not any(s.serving for s in usable):
             starting = [s for s in usable if s.engine is not None and s.engine.alive]
-            if starting and starting[0].engine is not None:
-                h.run(starting[0].engine.ready.wait(), timeout=900)
-            else:
-                h.run(ex.warm_up([usable[0].id]), timeout=900)
+            try:
+                if starting and starting[0].engine is not None:
+                    h.run(starting[0].engine.ready.wait(), timeout=900)
+                else:
+                    h.run(ex.warm_up([usable[0].id]), timeout=900)
+            except TimeoutError:
+                states = {s.id: (s.engine.state.value, s.engine.alive) for s in usable if s.engine is not None}
+                pytest.fail(f"no engine served within 900 s; engines (state, alive): {states}; "
+                            f"actions: {ctl.stats.actions[-6:]}")
         pid, slot = 0, ""
         pids: dict[str, int] = {}
         deadline = time.monotonic() + 120.0
