@@ -32,6 +32,7 @@ from executor_helpers import ReferenceEngine, env_factory, make_batch
 from rollplan.executor.agent import TrajectoryResult
 from rollplan.executor.config import EngineConfig, ExecutorConfig, KVConnectorConfig
 from rollplan.executor.perf import measured_provider
+from rollplan.models import ExecutorError
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -438,19 +439,25 @@ def test_dead_engine_core_is_replaced(h: Harness, reference_v1) -> None:
     # the module start), rather than poll for a core that may never come.
     ctl.autoplan = False
     try:
-        usable = [s for s in ctl.slots.values() if s.usable]
-        assert usable, f"no usable slot left: {[(s.id, s.usable) for s in ctl.slots.values()]}"
-        if not any(s.serving for s in usable):
-            starting = [s for s in usable if s.engine is not None and s.engine.alive]
-            try:
-                if starting and starting[0].engine is not None:
-                    h.run(starting[0].engine.ready.wait(), timeout=900)
-                else:
-                    h.run(ex.warm_up([usable[0].id]), timeout=900)
-            except TimeoutError:
+        # vLLM gives up on a core that is not ready in VLLM_ENGINE_READY_TIMEOUT_S (600 s): a failed start
+        # ends its engine, so start another until one serves.
+        deadline = time.monotonic() + 1200.0
+        while not any(s.usable and s.serving for s in ctl.slots.values()):
+            usable = [s for s in ctl.slots.values() if s.usable]
+            left = deadline - time.monotonic()
+            assert usable, f"no usable slot left: {sorted(ctl.slots)}"
+            if left <= 0:
                 states = {s.id: (s.engine.state.value, s.engine.alive) for s in usable if s.engine is not None}
-                pytest.fail(f"no engine served within 900 s; engines (state, alive): {states}; "
+                pytest.fail(f"no engine served within 1200 s; engines (state, alive): {states}; "
                             f"actions: {ctl.stats.actions[-6:]}")
+            starting = [s.engine for s in usable if s.engine is not None and s.engine.alive and not s.engine.ready.is_set()]
+            try:
+                if starting:
+                    h.run(starting[0].ready.wait(), timeout=left)
+                else:
+                    h.run(ex.warm_up([usable[0].id], timeout=left), timeout=left + 5.0)
+            except (TimeoutError, ExecutorError):
+                time.sleep(1.0)  # the deadline check above reports it
         pid, slot = 0, ""
         pids: dict[str, int] = {}
         deadline = time.monotonic() + 120.0
