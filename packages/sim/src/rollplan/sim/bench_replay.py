@@ -36,7 +36,7 @@ from rollplan.models.errors import UserInputError
 from rollplan.sim.engine import SimConfig, SimTraj
 from rollplan.sim.lending import LendingConfig, LendingSchedule, LendMode
 from rollplan.sim.metrics import common_tail_shares
-from rollplan.sim.policies import MOVES, POLICY_NAMES, REGIME, make_policy
+from rollplan.sim.policies import MOVES, ORACLE, POLICY_NAMES, REGIME, make_policy
 from rollplan.sim.replay import (
     SWEBENCH_FILES,
     BatchSource,
@@ -224,8 +224,10 @@ def role_shares(summary: dict[str, Any]) -> dict[str, float]:
 
 
 def trace_row(name: str, result: ReplayResult, *, per_batch: bool = False) -> dict[str, Any]:
-    """The bench's row for one trace (see the module docstring); ``per_batch``: add ``per_batch_rows``."""
-    s = {r.name: r.summary for r in result.runs}
+    """The bench's row for one trace (see the module docstring); ``per_batch``: add ``per_batch_rows``. A run of
+    the ``ORACLE`` reference (``--oracle``) is left out of every other figure and reported under ``oracle``."""
+    oracle_run = next((r for r in result.runs if r.name == ORACLE), None)
+    s = {r.name: r.summary for r in result.runs if r.name != ORACLE}
 
     def ratio(a: str, b: str) -> float | None:
         x, y = s.get(a, {}).get("throughput_tokens_per_s"), s.get(b, {}).get("throughput_tokens_per_s")
@@ -283,9 +285,41 @@ def trace_row(name: str, result: ReplayResult, *, per_batch: bool = False) -> di
     # False: no policy could meet the elastic target on this window (the ceiling is below it).
     row["vs_elastic_reachable"] = (row["rollplan_vs_elastic_ceiling"] is None
                                    or row["rollplan_vs_elastic_ceiling"] >= TARGETS["vs_elastic"])
+    if oracle_run is not None:
+        row["oracle"] = oracle_row(oracle_run.summary, s.get("rollplan", {}).get("throughput_tokens_per_s"),
+                                   row["best_other"]["tokens_per_s"], (ceiling or {}).get("tokens_per_s"))
     if per_batch:
         row["per_batch"] = per_batch_rows(result)
     return row
+
+
+def oracle_row(summary: dict[str, Any], rollplan: float | None, best_other: float | None,
+               ceiling: float | None) -> dict[str, Any]:
+    """What the ``ORACLE`` reference (rollplan with every trajectory's true lengths) reached on a replay: its
+    tokens/s, over rollplan's, and its share of what is left over the best other policy
+    (``share_of_what_is_left``), beside the batches it completed and the sum of their rollout seconds."""
+    tps = summary.get("throughput_tokens_per_s")
+    return {
+        "policy": ORACLE,
+        "tokens_per_s": tps,
+        "vs_rollplan": round(tps / rollplan, 4) if tps and rollplan else None,
+        "share_of_what_is_left": share_of_what_is_left(tps, best_other, ceiling),
+        "batches": summary.get("batches_completed"),
+        "rollout_s": round(sum(b["rollout_s"] for b in summary.get("batches", []) if b["rollout_s"] is not None), 1),
+    }
+
+
+def replay_policies(jobs: int, oracle: bool) -> list[str]:
+    """The policies one replay runs, in the order they go to workers (``jobs`` > 1: the longest first, as
+    measured on p3, so the short ones fill in at the end), with the ``ORACLE`` reference first when ``oracle``
+    (it runs as long as rollplan)."""
+    order: list[str] = list(POLICY_NAMES) if jobs == 1 else sorted(POLICY_NAMES, key=LONGEST_FIRST.index)
+    return [ORACLE, *order] if oracle else order
+
+
+def report_order(name: str) -> int:
+    """Sort key of a run in a replay's results: ``POLICY_NAMES`` order, the ``ORACLE`` reference last."""
+    return POLICY_NAMES.index(name) if name in POLICY_NAMES else len(POLICY_NAMES)
 
 
 def planner_setting() -> dict[str, Any]:
@@ -325,12 +359,14 @@ def run_bench(
     first_epoch: bool = False,
     regime: str = REGIME,
     moves: str = MOVES,
+    oracle: bool = False,
 ) -> dict[str, Any]:
     """Run the benchmark; returns the JSON document (rows per trace + timing of the p3 replay). ``jobs``: worker
     processes per trace (``run_replay``); the rows do not depend on it, the timing does. ``per_batch``: each
     row also carries ``per_batch_rows``. ``dispersion``, ``first_epoch``: the workload (``workload_options``).
     ``regime``: the rollplan policy's admission regime rule (``rollplan.sim.policies.REGIME``; "share" replays
-    the rule it replaced); ``moves``: which of its plans' migrations it carries out (``MOVES``)."""
+    the rule it replaced); ``moves``: which of its plans' migrations it carries out (``MOVES``); ``oracle``: also
+    replay the ``ORACLE`` reference (each row's ``oracle``; the other figures and the timing leave it out)."""
     d = Path(data_dir)
     bases = bench_bases(d)
     names = traces or tuple(t[0] for t in BENCH_TRACES)
@@ -343,14 +379,13 @@ def run_bench(
         sc = bench_scenario(d, name, bases=bases, seed=seed, tool_kv=tool_kv, share_prompt=share_prompt, mode=mode,
                             dispersion=dispersion, first_epoch=first_epoch)
         t0, c0 = time.perf_counter(), time.process_time()
-        # With workers, the longest runs first (as measured on p3), so the short ones fill in at the end.
-        order = list(POLICY_NAMES) if jobs == 1 else sorted(POLICY_NAMES, key=LONGEST_FIRST.index)
-        res = run_replay(sc, [make_policy(p, regime=regime, moves=moves) for p in order], jobs=jobs)
-        res.runs.sort(key=lambda r: POLICY_NAMES.index(r.name))
+        res = run_replay(sc, [make_policy(p, regime=regime, moves=moves) for p in replay_policies(jobs, oracle)],
+                         jobs=jobs)
+        res.runs.sort(key=lambda r: report_order(r.name))
         wall = time.perf_counter() - t0
         cpu = res.cpu_s if jobs > 1 else time.process_time() - c0
         rows.append(trace_row(name, res, per_batch=per_batch))
-        if name == TIMED_TRACE:
+        if name == TIMED_TRACE and not oracle:  # the timing is of the six policies' replays
             events = sum(r.summary["events"] for r in res.runs)
             timing = {
                 "trace": name,
@@ -378,6 +413,7 @@ def run_bench(
             "fold_tool_s": SimConfig().fold_tool_s, "tool_kv": tool_kv, "share_prompt": share_prompt, **planner_setting(), "rollplan_regime": regime, "rollplan_moves": moves,
             "warmup_batches": WARMUP_BATCHES, "seed": seed,
             "dispersion": dispersion if dispersion is not None else DEFAULT_DISPERSION, "first_epoch": first_epoch,
+            "oracle": oracle,
         },
         "targets": TARGETS,
         "traces": rows,
@@ -498,6 +534,7 @@ def matrix_cell(trace: str, mode: str, workload: MatrixWorkload, result: ReplayR
         "lowest_tail": row["targets_met"]["lowest_tail"],
         "batches": row["batches"],
         "targets": {"not_below_best_other": not_below, "half_of_what_is_left": half},
+        "oracle": row.get("oracle"),
         "wall_s": row["wall_s"],
         "row": row,
     }
@@ -517,13 +554,15 @@ def run_matrix(
     per_batch: bool = False,
     regime: str = REGIME,
     moves: str = MOVES,
+    oracle: bool = False,
     on_cell: Callable[[str, str, str], None] | None = None,
 ) -> dict[str, Any]:
     """The bench's matrix: every trace (``BENCH_TRACES``, or ``traces``) x ``modes`` x ``workloads``
     (``MATRIX_WORKLOADS`` names; None: all), all six policies per cell (``matrix_cell``), each window cut to its
     first ``window_h`` hours where given. Returns the JSON document: ``matrix`` (cells, a summary of the
     targets, how windows were cut) and ``traces`` (the bench rows of the sync 128x16-history cells, the
-    default bench's rows when no window is cut). ``regime``, ``moves``: as in ``run_bench``."""
+    default bench's rows when no window is cut). ``regime``, ``moves``, ``oracle``: as in ``run_bench`` (with
+    ``oracle``, each cell's ``oracle`` and the summary's ``oracle_half_of_what_is_left``)."""
     check_window_h(window_h)
     d = Path(data_dir)
     check_bench_data(d)
@@ -543,20 +582,24 @@ def run_matrix(
                     on_cell(name, mode, w.name)
                 sc = matrix_scenario(d, name, mode, w, bases=bases, seed=seed, tool_kv=tool_kv,
                                      share_prompt=share_prompt, window_h=window_h)
-                order = list(POLICY_NAMES) if jobs == 1 else sorted(POLICY_NAMES, key=LONGEST_FIRST.index)
-                res = run_replay(sc, [make_policy(p, regime=regime, moves=moves) for p in order], jobs=jobs)
-                res.runs.sort(key=lambda r: POLICY_NAMES.index(r.name))
+                res = run_replay(sc, [make_policy(p, regime=regime, moves=moves)
+                                      for p in replay_policies(jobs, oracle)], jobs=jobs)
+                res.runs.sort(key=lambda r: report_order(r.name))
                 workers_cpu += res.cpu_s if jobs > 1 else 0.0
                 cells.append(matrix_cell(name, mode, w, res, per_batch=per_batch))
     half = [c["targets"]["half_of_what_is_left"] for c in cells if c["targets"]["half_of_what_is_left"] is not None]
     vs = [c["rollplan_vs_best_other"] for c in cells if c["rollplan_vs_best_other"] is not None]
+    # The reference's share in the target cells: how many would meet the target with perfect prediction.
+    ref = [c["oracle"]["share_of_what_is_left"] for c in cells
+           if c["oracle"] is not None and c["targets"]["half_of_what_is_left"] is not None]
+    oracle_half = f"{sum(x is not None and x >= HALF_TARGET for x in ref)}/{len(ref)}" if oracle else None
     return {
         "benchmark": "replay",
         "scenario": {
             "dedicated_gpus": 16, "lent_gpus": 8, "preemptible_max_gpus": 16, "gpu": "h800", "model": "qwen3-8b",
             "train_step_s": 120.0, "notice_s": 30.0, "replan_interval_s": REPLAN_INTERVAL_S,
             "tool_kv": tool_kv, "share_prompt": share_prompt, **planner_setting(), "rollplan_regime": regime, "rollplan_moves": moves,
-            "seed": seed,
+            "seed": seed, "oracle": oracle,
         },
         "matrix": {
             "traces": list(names),
@@ -577,6 +620,7 @@ def run_matrix(
                 "half_of_what_is_left": f"{sum(half)}/{len(half)}",
                 "min_rollplan_vs_best_other": min(vs, default=None),
                 "all_targets_met": all(c["targets"]["not_below_best_other"] for c in cells) and all(half),
+                "oracle_half_of_what_is_left": oracle_half,
             },
         },
         "traces": [c["row"] for c in cells if c["mode"] == "sync" and c["workload"] == "128x16-history"],

@@ -340,6 +340,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         moves: Annotated[str | None, typer.Option("--moves", help="which of its plans' migrations rollplan carries out: "
                                            "all | forced (only off a slot that is leaving or stops decoding); "
                                            "default: the policy's (MOVES).")] = None,
+        oracle: Annotated[bool, typer.Option("--oracle", help="Also replay rollplan told every trajectory's true "
+                                             "lengths (a reference, not a policy: the JSON's 'oracle' per row / "
+                                             "cell; never the best other).")] = False,
         matrix: Annotated[bool, typer.Option("--matrix", help="Every trace x {sync, async} x {128x16-history, "
                                              "32x8-no-history, dispersion-0.6}: the JSON's 'matrix' (docs/simulator.md).")] = False,
         window_h: Annotated[float | None, typer.Option("--window-h", help="With --matrix, --spec-tokens or "
@@ -394,6 +397,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             raise UserInputError("--moves applies to the replay bench and --matrix, not to the lever comparisons",
                                  fix="drop --moves, or --spec-tokens / --divide-tokens")
         moves = moves or MOVES
+        if oracle and (spec_tokens or divide_tokens):
+            raise UserInputError("--oracle applies to the replay bench and --matrix, not to the lever comparisons",
+                                 fix="drop --oracle, or --spec-tokens / --divide-tokens")
         if spec_tokens and divide_tokens:
             raise UserInputError("--spec-tokens and --divide-tokens each compare one lever on / off",
                                  fix="run them one at a time")
@@ -414,7 +420,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if matrix:
             _bench_matrix(data, names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv,
                           share_prompt=share_prompt, per_batch=per_batch, window_h=window_h, as_json=as_json,
-                          regime=regime, moves=moves)
+                          regime=regime, moves=moves, oracle=oracle)
             return
         if window_h is not None:
             from rollplan.sim.bench_replay import check_window_h
@@ -440,7 +446,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             return
         doc = run_bench(data, traces=names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv, share_prompt=share_prompt,
                         mode=mode, per_batch=per_batch, dispersion=dispersion, first_epoch=first_epoch, regime=regime, moves=moves,
-                        on_trace=None if as_json else (lambda n: print(f"replaying {n} ...", file=sys.stderr)))
+                        oracle=oracle, on_trace=None if as_json else (lambda n: print(f"replaying {n} ...", file=sys.stderr)))
         print(json.dumps(doc, indent=1))
         if as_json:
             return
@@ -463,13 +469,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
 def _bench_matrix(data: Path, names: tuple[str, ...] | None, *, seed: int, jobs: int, tool_kv: str,
                   share_prompt: bool, per_batch: bool, window_h: float | None, as_json: bool,
-                  regime: str, moves: str) -> None:
+                  regime: str, moves: str, oracle: bool = False) -> None:
     """``bench replay --matrix``: the JSON (``run_matrix``), then, without ``--json``, a table on stderr."""
     from rollplan.sim.bench_replay import check_window_h, run_matrix
 
     check_window_h(window_h)
     doc = run_matrix(data, traces=names, seed=seed, jobs=jobs, tool_kv=tool_kv, share_prompt=share_prompt,
-                     per_batch=per_batch, window_h=window_h, regime=regime, moves=moves,
+                     per_batch=per_batch, window_h=window_h, regime=regime, moves=moves, oracle=oracle,
                      on_cell=None if as_json else (lambda n, m, w: print(f"replaying {n} {m} {w} ...", file=sys.stderr)))
     print(json.dumps(doc, indent=1))
     if as_json:
@@ -481,8 +487,11 @@ def _bench_matrix(data: Path, names: tuple[str, ...] | None, *, seed: int, jobs:
         return "-" if x is None else format(x, fmt)
 
     t = Table(title="bench replay --matrix: tokens/s; share = (rollplan - best other) / (ceiling - best other)")
-    for col in ("trace", "mode", "workload", "h", "rollplan", "best other", "ceiling", "vs best other", "share",
-                "tail rollplan (lowest other)", "targets"):
+    cols = ["trace", "mode", "workload", "h", "rollplan", "best other", "ceiling", "vs best other", "share",
+            "tail rollplan (lowest other)", "targets"]
+    if oracle:
+        cols.insert(9, "oracle share")
+    for col in cols:
         t.add_column(col, justify="left" if col in ("trace", "mode", "workload", "best other", "targets") else "right")
     for c in doc["matrix"]["cells"]:
         tails = c["tail_share_common"]
@@ -490,17 +499,22 @@ def _bench_matrix(data: Path, names: tuple[str, ...] | None, *, seed: int, jobs:
         tg = c["targets"]
         marks = ("ok" if tg["not_below_best_other"] else "BELOW") + (
             "" if tg["half_of_what_is_left"] is None else (", half ok" if tg["half_of_what_is_left"] else ", half NO"))
-        t.add_row(c["trace"], c["mode"], c["workload"], f"{c['window_s'] / 3600.0:.1f}",
-                  num(c["tokens_per_s"].get("rollplan"), ",.0f"),
-                  f"{c['best_other']['policy']} {num(c['best_other']['tokens_per_s'], ',.0f')}",
-                  num(c["throughput_ceiling"], ",.0f"), num(c["rollplan_vs_best_other"], ".3f"),
-                  num(c["share_of_what_is_left"], ".2f"),
-                  f"{num(tails.get('rollplan'), '.3f')} ({num(low, '.3f')})", marks)
+        cells = [c["trace"], c["mode"], c["workload"], f"{c['window_s'] / 3600.0:.1f}",
+                 num(c["tokens_per_s"].get("rollplan"), ",.0f"),
+                 f"{c['best_other']['policy']} {num(c['best_other']['tokens_per_s'], ',.0f')}",
+                 num(c["throughput_ceiling"], ",.0f"), num(c["rollplan_vs_best_other"], ".3f"),
+                 num(c["share_of_what_is_left"], ".2f"),
+                 f"{num(tails.get('rollplan'), '.3f')} ({num(low, '.3f')})", marks]
+        if oracle:
+            cells.insert(9, num((c["oracle"] or {}).get("share_of_what_is_left"), ".2f"))
+        t.add_row(*cells)
     console = Console(stderr=True, width=170)
     console.print(t)
     sm = doc["matrix"]["summary"]
     console.print(f"cells {sm['cells']}; not below the best other: {sm['not_below_best_other']}; half of what is "
-                  f"left (128x16-history): {sm['half_of_what_is_left']}; {doc['matrix']['window']['rule']}; "
+                  f"left (128x16-history): {sm['half_of_what_is_left']}"
+                  + (f" (oracle {sm['oracle_half_of_what_is_left']})" if oracle else "")
+                  + f"; {doc['matrix']['window']['rule']}; "
                   f"wall {doc['wall_s']:.0f} s")
 
 

@@ -70,6 +70,10 @@ log = logging.getLogger(__name__)
 POLICY_NAMES = (
     "static-colocated", "static-disagg", "elastic-colocated", "formula-pd", "elastic-plus", "rollplan",
 )
+ORACLE = "rollplan-oracle"
+"""A reference run, not a policy: the rollplan policy told every trajectory's true remaining course
+(``OracleRollplan``). Not in ``POLICY_NAMES`` (no system can run it, so it is never a baseline nor the best other
+policy); ``rollplan bench replay --oracle`` adds it to each replay."""
 
 
 class BasePolicy:
@@ -420,6 +424,9 @@ class RollplanPolicy(BasePolicy):
     """
 
     name = "rollplan"
+    predicts_each_trajectory = False
+    """Whether two siblings at the same observable point may get different predictions (``OracleRollplan``);
+    False: a snapshot predicts once per (history key, group, progress) and shares the result."""
 
     def __init__(self, backend: str = "milp", time_limit: float = 1.0, switch_weight: float = 0.01,
                  deterministic: bool = True, charge_solve: bool = True, kv_headroom: float = KV_HEADROOM,
@@ -577,6 +584,7 @@ class RollplanPolicy(BasePolicy):
         # A trajectory whose fields are all as in the previous snapshot of this batch gets the same (frozen)
         # Trajectory object back: about half of them between two re-plans (pending ones not yet started).
         prev_key, prev = getattr(self, "_snap_objs", (None, {}))
+        by_trajectory = self.predicts_each_trajectory
         key = (id(sim), sim.batch)
         if prev_key != key:
             prev = {}
@@ -584,7 +592,7 @@ class RollplanPolicy(BasePolicy):
         for t, prog in zip(live, progress, strict=True):
             done_turns = prog[1]
             pf_done = perf.spec_prefill(t.spec)[2][min(done_turns, t.n - 1)] if done_turns else 0
-            point = (t.key, t.group, prog[0], done_turns, prog[2], pf_done)
+            point = (t.key, t.group, prog[0], done_turns, prog[2], pf_done, t.idx if by_trajectory else 0)
             hit = memo.get(point)
             if hit is None:
                 dec, pre, tool, turns, sds = self._predict(sim, t.idx, prog, pf_done)
@@ -934,6 +942,41 @@ class RollplanPolicy(BasePolicy):
             self._crit = None  # the largest may have gone: recompute
 
 
+class OracleRollplan(RollplanPolicy):
+    """The rollplan policy with perfect length prediction: a reference, not a policy (``ORACLE``).
+
+    Every prediction the policy makes (the dispatch order's paths, the predicted-critical set, the regime, the
+    planner's snapshot) is the trajectory's true remaining decode tokens, new prefill tokens, tool seconds and
+    turns from its course in the replay, with spreads of 0, so the pessimistic path is the true one. Everything
+    else (planner, admission, moves) is the rollplan policy's. Its throughput against rollplan's says how much of
+    what is left to the window's ceiling is prediction error (per-sample lengths no predictor can know before a
+    sample runs) and how much the schedule would leave even with perfect knowledge. The simulator knows each
+    course; the executor does not, so it has no counterpart there."""
+
+    name = ORACLE
+    predicts_each_trajectory = True
+
+    def _predict(self, sim: Simulator, j: int, progress: tuple[float, int, float, int] | None = None,
+                 pf_done: int | None = None) -> tuple[float, float, float, float, tuple[float, float, float, float]]:
+        """j's true remaining (decode, prefill, tool, turns, spreads of 0); also its dispatch-order key (the
+        true path at the reference step: ``pessimistic_parts`` with no spread)."""
+        t = sim.trajs[j]
+        dec, turns, tool, _ctx = progress if progress is not None else sim.progress(t)
+        spec = t.spec
+        if pf_done is None:
+            pf_done = sim.slots[0].perf.spec_prefill(spec)[2][min(turns, t.n - 1)] if turns else 0
+        rem = (max(0.0, float(sum(spec.decode)) - dec), max(0.0, float(sum(spec.prefill[1:])) - pf_done),
+               max(0.0, float(sum(spec.tool)) - tool), float(max(1, t.n - turns)), (0.0, 0.0, 0.0, 0.0))
+        dec_s, tool_s = pessimistic_parts(rem[0], 0.0, rem[2], 0.0, self._a_ref, self.dispatch_z)
+        self._cp[j] = dec_s + tool_s
+        self._cp_dec[j] = dec_s
+        self._informed.add(j)
+        return rem
+
+    def _note_source(self, key: str, group: str, j: int) -> None:
+        self._informed.add(j)  # every prediction is the truth: informed
+
+
 class ElasticPlus(RollplanPolicy):
     """``elastic-colocated`` with the rollplan policy's prediction and dispatch order, and no planner
     (RLBoost+ / Seer-like: the strongest baseline a team without a planner would run).
@@ -1045,8 +1088,9 @@ def make_policy(name: str, **options: Any) -> BasePolicy:
         return FormulaPD(options.get("pd", (1, 3)))
     if name == "elastic-plus":
         return ElasticPlus()
-    if name == "rollplan":
-        return RollplanPolicy(**{k: v for k, v in options.items()
+    if name in ("rollplan", ORACLE):
+        cls = RollplanPolicy if name == "rollplan" else OracleRollplan
+        return cls(**{k: v for k, v in options.items()
                                  if k in ("backend", "time_limit", "switch_weight", "deterministic", "charge_solve",
                                           "kv_headroom", "bulk_headroom", "critical_headroom", "bulk_share",
                                           "critical_share", "dispatch_z", "path_z", "regime", "moves")})
@@ -1078,6 +1122,7 @@ __all__ = [
     "CRITICAL_SHARE",
     "DISPATCH_Z",
     "KV_HEADROOM",
+    "ORACLE",
     "POLICY_NAMES",
     "REGIME",
     "REGIMES",
@@ -1085,6 +1130,7 @@ __all__ = [
     "ElasticColocated",
     "ElasticPlus",
     "FormulaPD",
+    "OracleRollplan",
     "StaticColocated",
     "StaticDisagg",
     "make_policy",

@@ -1,0 +1,114 @@
+"""The ``rollplan-oracle`` reference (``OracleRollplan``, ``rollplan bench replay --oracle``).
+
+Checked:
+- its predictions are each trajectory's true remaining course: at queueing, the dispatch key is the true path
+  at the reference step (no spread); in every planner snapshot, each trajectory's remaining decode tokens,
+  tool seconds and turns are its true totals less what it has done, with spreads of 0, and siblings of one
+  prompt get their own (different) lengths, not a shared prediction;
+- it is a reference, not a policy: not in ``POLICY_NAMES``, never the best other policy, left out of the
+  other figures of a bench cell, and reported apart with its share of what is left (by hand from the cell);
+- the CLI flag adds it; with a lever comparison it is a one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollplan.policy.dispatch import pessimistic_path
+from rollplan.sim.bench_replay import matrix_scenario, matrix_workload, run_matrix
+from rollplan.sim.policies import ORACLE, POLICY_NAMES, OracleRollplan, make_policy
+from rollplan.sim.replay import run_policy, swebench_bases
+from rollplan.solver.cli import main
+
+
+class _Audit(OracleRollplan):
+    """The oracle, checking its own predictions against the replay's true courses as it makes them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys_checked = 0
+        self.snapshots_checked = 0
+        self.group_keys: dict[str, set[float]] = {}
+
+    def enqueued(self, sim: Any, j: int) -> None:
+        super().enqueued(sim, j)
+        t = sim.trajs[j]
+        if t.decoded == 0 and t.turn == 0:  # queued at its start: nothing done yet
+            want = pessimistic_path(float(sum(t.spec.decode)), 0.0, float(sum(t.spec.tool)), 0.0, self._a_ref)
+            assert self._cp[j] == pytest.approx(want, rel=1e-9)
+            self.group_keys.setdefault(t.group, set()).add(round(self._cp[j], 6))
+            self.keys_checked += 1
+
+    def snapshot(self, sim: Any) -> Any:
+        snap = super().snapshot(sim)
+        by_id = {t.spec.id: t for t in sim.trajs}
+        for tr in snap.trajectories:
+            t = by_id[tr.id]
+            dec, turns, tool, _ctx = sim.progress(t)
+            assert tr.remaining_decode_tokens.mean == pytest.approx(max(0.0, sum(t.spec.decode) - dec))
+            assert tr.remaining_tool_seconds.mean == pytest.approx(max(0.0, sum(t.spec.tool) - tool))
+            assert tr.remaining_turns.mean == max(1, t.n - turns)
+            assert tr.remaining_decode_tokens.spread == tr.remaining_tool_seconds.spread == 0.0
+        self.snapshots_checked += 1
+        return snap
+
+
+def test_oracle_predicts_each_trajectorys_true_course(shared_data: Path) -> None:
+    sc = matrix_scenario(shared_data, "parcae-hh", "sync", matrix_workload("32x8-no-history"),
+                         bases=swebench_bases(shared_data), window_h=0.1)
+    audit = _Audit()
+    run = run_policy(sc, audit)
+    assert run.name == ORACLE
+    assert audit.keys_checked >= 32 * 8 and audit.snapshots_checked >= 2
+    # Samples of one prompt differ (the workload's within-group spread): the oracle tells them apart, where
+    # a predictor gives every sibling the same prediction until they run.
+    assert any(len(keys) > 1 for keys in audit.group_keys.values())
+
+
+def test_oracle_is_a_reference_not_a_policy() -> None:
+    assert ORACLE not in POLICY_NAMES
+    p = make_policy(ORACLE, backend="greedy", time_limit=0.2)
+    assert isinstance(p, OracleRollplan) and p.backend == "greedy" and p.time_limit == 0.2
+
+
+def test_matrix_cell_reports_the_oracle_apart(shared_data: Path) -> None:
+    doc = run_matrix(shared_data, traces=("parcae-hh",), modes=("sync",), workloads=("128x16-history",),
+                     window_h=0.05, jobs=1, oracle=True)
+    (cell,) = doc["matrix"]["cells"]
+    assert set(cell["tokens_per_s"]) == set(POLICY_NAMES)  # the reference is in none of the other figures
+    assert ORACLE not in cell["tail_share_common"] and ORACLE not in cell["row"]["rollout_over_floor"]
+    assert cell["best_other"]["policy"] in POLICY_NAMES and cell["best_other"]["policy"] != "rollplan"
+    o = cell["oracle"]
+    assert o["policy"] == ORACLE and o["tokens_per_s"] > 0
+    assert o["tokens_per_s"] <= cell["throughput_ceiling"] + 1e-6
+    bo, ceiling, rp = cell["best_other"]["tokens_per_s"], cell["throughput_ceiling"], cell["tokens_per_s"]["rollplan"]
+    assert o["vs_rollplan"] == pytest.approx(o["tokens_per_s"] / rp, abs=1e-4)
+    if ceiling > bo:
+        assert o["share_of_what_is_left"] == pytest.approx((o["tokens_per_s"] - bo) / (ceiling - bo), abs=1e-4)
+    share = o["share_of_what_is_left"]
+    assert doc["matrix"]["summary"]["oracle_half_of_what_is_left"] == f"{int(share is not None and share >= 0.5)}/1"
+    assert doc["scenario"]["oracle"] is True
+    # Without the flag: no oracle anywhere, and the six policies' figures are the same.
+    plain = run_matrix(shared_data, traces=("parcae-hh",), modes=("sync",), workloads=("128x16-history",),
+                       window_h=0.05, jobs=1)
+    (pc,) = plain["matrix"]["cells"]
+    assert pc["oracle"] is None and plain["matrix"]["summary"]["oracle_half_of_what_is_left"] is None
+    assert pc["tokens_per_s"] == cell["tokens_per_s"] and pc["best_other"] == cell["best_other"]
+
+
+def test_cli_oracle(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "replay", "--matrix", "--oracle", "--json", "--data", str(shared_data), "--traces",
+                 "parcae-hh", "--window-h", "0.02", "--jobs", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert all(c["oracle"]["policy"] == ORACLE for c in out["matrix"]["cells"])
+
+
+@pytest.mark.parametrize("lever", [["--spec-tokens", "4"], ["--divide-tokens", "256"]])
+def test_cli_oracle_with_a_lever_comparison_is_refused(lever: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "replay", "--oracle", *lever]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--oracle" in err and "To fix" in err, err
