@@ -6,7 +6,8 @@ Checked:
   tool seconds and turns are its true totals less what it has done, with spreads of 0, and siblings of one
   prompt get their own (different) lengths, not a shared prediction;
 - it is a reference, not a policy: not in ``POLICY_NAMES``, never the best other policy, left out of the
-  other figures of a bench cell, and reported apart with its share of what is left (by hand from the cell);
+  other figures of a bench cell, and reported apart with its share of what is left (by hand from the cell)
+  and, with ``--per-batch``, its batches beside the policies';
 - the CLI flag adds it; with a lever comparison it is a one-line error.
 """
 
@@ -77,8 +78,10 @@ def test_oracle_is_a_reference_not_a_policy() -> None:
 
 def test_matrix_cell_reports_the_oracle_apart(shared_data: Path) -> None:
     doc = run_matrix(shared_data, traces=("parcae-hh",), modes=("sync",), workloads=("128x16-history",),
-                     window_h=0.05, jobs=1, oracle=True)
+                     window_h=0.05, jobs=1, oracle=True, per_batch=True)
     (cell,) = doc["matrix"]["cells"]
+    # --per-batch lists the reference's batches beside the policies'
+    assert set(cell["row"]["per_batch"]["rollout_s"]) == {*POLICY_NAMES, ORACLE}
     assert set(cell["tokens_per_s"]) == set(POLICY_NAMES)  # the reference is in none of the other figures
     assert ORACLE not in cell["tail_share_common"] and ORACLE not in cell["row"]["rollout_over_floor"]
     assert cell["best_other"]["policy"] in POLICY_NAMES and cell["best_other"]["policy"] != "rollplan"
