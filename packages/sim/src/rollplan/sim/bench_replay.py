@@ -366,7 +366,8 @@ def run_bench(
     row also carries ``per_batch_rows``. ``dispersion``, ``first_epoch``: the workload (``workload_options``).
     ``regime``: the rollplan policy's admission regime rule (``rollplan.sim.policies.REGIME``; "share" replays
     the rule it replaced); ``moves``: which of its plans' migrations it carries out (``MOVES``); ``oracle``: also
-    replay the ``ORACLE`` reference (each row's ``oracle``; the other figures and the timing leave it out)."""
+    replay the ``ORACLE`` reference (each row's ``oracle``; the other figures leave it out, and ``timing`` stays
+    empty: the p3 replay's wall time is measured on the six policies alone)."""
     d = Path(data_dir)
     bases = bench_bases(d)
     names = traces or tuple(t[0] for t in BENCH_TRACES)
