@@ -345,6 +345,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                              "cell; never the best other).")] = False,
         matrix: Annotated[bool, typer.Option("--matrix", help="Every trace x {sync, async} x {128x16-history, "
                                              "32x8-no-history, dispersion-0.6}: the JSON's 'matrix' (docs/simulator.md).")] = False,
+        seeds: Annotated[str | None, typer.Option("--seeds", help="With --matrix: run it once per workload seed "
+                                                  "(comma list, e.g. 0,1,2) and report each cell's median, min "
+                                                  "and max over them (replaces --seed).")] = None,
         window_h: Annotated[float | None, typer.Option("--window-h", help="With --matrix, --spec-tokens or "
                                                        "--divide-tokens: cut each trace to its first H hours "
                                                        "(default: whole traces).")] = None,
@@ -381,7 +384,16 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             if clash:
                 raise UserInputError(f"--matrix sets the mode and workload of each cell itself; got {', '.join(clash)}",
                                      fix=f"drop {', '.join(clash)} (or run without --matrix)")
-        elif window_h is not None and not (spec_tokens or divide_tokens):
+        if seeds is not None and not matrix:
+            raise UserInputError("--seeds runs the matrix once per seed", fix="add --matrix, or use --seed N")
+        if seeds is not None and seed != 0:
+            raise UserInputError("--seeds replaces --seed", fix="drop --seed (list every seed in --seeds)")
+        seed_list = None
+        if seeds is not None:
+            from rollplan.sim.bench_seeds import parse_seeds
+
+            seed_list = parse_seeds(seeds)
+        if not matrix and window_h is not None and not (spec_tokens or divide_tokens):
             raise UserInputError("--window-h cuts the windows of --matrix, --spec-tokens or --divide-tokens only",
                                  fix="add one of them, or drop --window-h")
         if regime != "model" and (spec_tokens or divide_tokens):
@@ -417,6 +429,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         for n in names or ():
             if n not in known:
                 raise UserInputError(f"unknown bench trace {n!r}", fix=f"use 'all' or some of {sorted(known)}")
+        if matrix and seed_list is not None:
+            _bench_matrix_seeds(data, names, seeds=seed_list, jobs=jobs or default_jobs(), tool_kv=tool_kv,
+                                share_prompt=share_prompt, per_batch=per_batch, window_h=window_h, as_json=as_json,
+                                regime=regime, moves=moves, oracle=oracle)
+            return
         if matrix:
             _bench_matrix(data, names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv,
                           share_prompt=share_prompt, per_batch=per_batch, window_h=window_h, as_json=as_json,
@@ -515,6 +532,52 @@ def _bench_matrix(data: Path, names: tuple[str, ...] | None, *, seed: int, jobs:
                   f"left (128x16-history): {sm['half_of_what_is_left']}"
                   + (f" (oracle {sm['oracle_half_of_what_is_left']})" if oracle else "")
                   + f"; {doc['matrix']['window']['rule']}; "
+                  f"wall {doc['wall_s']:.0f} s")
+
+
+def _bench_matrix_seeds(data: Path, names: tuple[str, ...] | None, *, seeds: tuple[int, ...], jobs: int,
+                        tool_kv: str, share_prompt: bool, per_batch: bool, window_h: float | None, as_json: bool,
+                        regime: str, moves: str, oracle: bool) -> None:
+    """``bench replay --matrix --seeds``: the JSON (``run_matrix_seeds``), then, without ``--json``, a table of
+    each cell's spread on stderr."""
+    from rollplan.sim.bench_replay import check_window_h
+    from rollplan.sim.bench_seeds import run_matrix_seeds
+
+    check_window_h(window_h)
+    doc = run_matrix_seeds(
+        data, seeds=seeds, traces=names, jobs=jobs, tool_kv=tool_kv, share_prompt=share_prompt, per_batch=per_batch,
+        window_h=window_h, regime=regime, moves=moves, oracle=oracle,
+        on_seed=None if as_json else (lambda s: print(f"matrix, seed {s} ...", file=sys.stderr)),
+        on_cell=None if as_json else (lambda n, m, w: print(f"  replaying {n} {m} {w} ...", file=sys.stderr)))
+    print(json.dumps(doc, indent=1))
+    if as_json:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    def rng(sp: dict[str, Any] | None, fmt: str) -> str:
+        if sp is None or sp["median"] is None:
+            return "-"
+        return f"{format(sp['median'], fmt)} ({format(sp['min'], fmt)}-{format(sp['max'], fmt)})"
+
+    t = Table(title=f"bench replay --matrix --seeds {','.join(map(str, seeds))}: median (min-max) over seeds")
+    cols = ["trace", "mode", "workload", "rollplan / best other", "share of what is left", "not below", "half"]
+    if oracle:
+        cols.append("oracle share")
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("trace", "mode", "workload") else "right")
+    for c in doc["seeds"]["cells"]:
+        row = [c["trace"], c["mode"], c["workload"], rng(c["rollplan_vs_best_other"], ".3f"),
+               rng(c["share_of_what_is_left"], ".2f"), c["not_below_best_other"], c["half_of_what_is_left"] or "-"]
+        if oracle:
+            row.append(rng(c["oracle_share_of_what_is_left"], ".2f"))
+        t.add_row(*row)
+    console = Console(stderr=True, width=170)
+    console.print(t)
+    sm = doc["seeds"]["summary"]
+    console.print(f"cells {sm['cells']}; not below the best other in every seed: {sm['not_below_best_other_every_seed']}; "
+                  f"half of what is left in every seed: {sm['half_of_what_is_left_every_seed']}, at the median: "
+                  f"{sm['half_of_what_is_left_at_median']}; lowest rollplan / best other: {sm['min_rollplan_vs_best_other']}; "
                   f"wall {doc['wall_s']:.0f} s")
 
 
