@@ -156,6 +156,7 @@ def test_each_seed_is_its_own_matrix(shared_data: Path) -> None:
     ["--matrix", "--seeds", "0,x"],
     ["--matrix", "--seeds", "1,1"],
     ["--matrix", "--seeds", "0,1", "--seed", "2"],
+    ["--matrix", "--seeds", "0,1", "--per-batch"],
 ])
 def test_cli_seeds_rejects_bad_input(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "replay", *args]) == 2

@@ -73,8 +73,11 @@ def test_deterministic_plan_ignores_the_clock() -> None:
 @pytest.mark.parametrize("family", ["work-bound", "deadlines"])
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_exact_backends_never_worse_than_greedy(family: str, deterministic: bool) -> None:
+    """With work limits at every limit; on the wall clock only at 1 s: at 0.1-0.2 s of wall time a loaded
+    machine can stop the exact backends' own greedy seed earlier than the greedy run alone (each call gets its
+    own share of the CPU), so there the comparison measures the load, not the backends."""
     snap = family_snapshot(family, 32, 512, seed=2)
-    for limit in (0.1, 0.2, 1.0):
+    for limit in (0.1, 0.2, 1.0) if deterministic else (1.0,):
         greedy = plan(snap, config=PlannerConfig(backend="greedy", time_limit=limit, deterministic=deterministic))
         for backend in EXACT:
             p = plan(snap, config=PlannerConfig(backend=backend, time_limit=limit, deterministic=deterministic))

@@ -388,6 +388,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             raise UserInputError("--seeds runs the matrix once per seed", fix="add --matrix, or use --seed N")
         if seeds is not None and seed != 0:
             raise UserInputError("--seeds replaces --seed", fix="drop --seed (list every seed in --seeds)")
+        if seeds is not None and per_batch:
+            raise UserInputError("--per-batch reports one replay's batches; --seeds reports each cell's spread",
+                                 fix="drop --per-batch, or run one seed with --seed N --per-batch")
         seed_list = None
         if seeds is not None:
             from rollplan.sim.bench_seeds import parse_seeds
