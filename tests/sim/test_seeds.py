@@ -165,8 +165,13 @@ def test_cli_seeds_rejects_bad_input(args: list[str], capsys: pytest.CaptureFixt
 
 
 def test_cli_seeds(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "replay", "--matrix", "--seeds", "0,1", "--json", "--data", str(shared_data),
+    assert main(["bench", "replay", "--matrix", "--seeds", "0,1", "--data", str(shared_data),
                  "--traces", "parcae-hh", "--window-h", "0.01", "--jobs", "1"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    got = capsys.readouterr()
+    out = json.loads(got.out)
     assert out["benchmark"] == "replay-matrix-seeds" and out["seeds"]["seeds"] == [0, 1]
     assert out["seeds"]["summary"]["cells"] == len(out["runs"][0]["cells"]) == 6
+    # without --json: the spread table and its summary line on stderr
+    sm = out["seeds"]["summary"]
+    assert f"at the median: {sm['half_of_what_is_left_at_median']}" in got.err
+    assert "matrix, seed 1" in got.err

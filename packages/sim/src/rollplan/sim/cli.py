@@ -500,7 +500,6 @@ def _bench_matrix(data: Path, names: tuple[str, ...] | None, *, seed: int, jobs:
     print(json.dumps(doc, indent=1))
     if as_json:
         return
-    from rich.console import Console
     from rich.table import Table
 
     def num(x: Any, fmt: str) -> str:
@@ -528,14 +527,20 @@ def _bench_matrix(data: Path, names: tuple[str, ...] | None, *, seed: int, jobs:
         if oracle:
             cells.insert(9, num((c["oracle"] or {}).get("share_of_what_is_left"), ".2f"))
         t.add_row(*cells)
-    console = Console(stderr=True, width=170)
-    console.print(t)
     sm = doc["matrix"]["summary"]
-    console.print(f"cells {sm['cells']}; not below the best other: {sm['not_below_best_other']}; half of what is "
-                  f"left (128x16-history): {sm['half_of_what_is_left']}"
-                  + (f" (oracle {sm['oracle_half_of_what_is_left']})" if oracle else "")
-                  + f"; {doc['matrix']['window']['rule']}; "
-                  f"wall {doc['wall_s']:.0f} s")
+    _print_table(t, f"cells {sm['cells']}; not below the best other: {sm['not_below_best_other']}; half of what is "
+                    f"left (128x16-history): {sm['half_of_what_is_left']}"
+                    + (f" (oracle {sm['oracle_half_of_what_is_left']})" if oracle else "")
+                    + f"; {doc['matrix']['window']['rule']}; wall {doc['wall_s']:.0f} s")
+
+
+def _print_table(table: Any, summary: str) -> None:
+    """A bench table and its one-line summary, on stderr (the JSON went to stdout)."""
+    from rich.console import Console
+
+    console = Console(stderr=True, width=170)
+    console.print(table)
+    console.print(summary)
 
 
 def _bench_matrix_seeds(data: Path, names: tuple[str, ...] | None, *, seeds: tuple[int, ...], jobs: int,
@@ -555,7 +560,6 @@ def _bench_matrix_seeds(data: Path, names: tuple[str, ...] | None, *, seeds: tup
     print(json.dumps(doc, indent=1))
     if as_json:
         return
-    from rich.console import Console
     from rich.table import Table
 
     def rng(sp: dict[str, Any] | None, fmt: str) -> str:
@@ -575,13 +579,11 @@ def _bench_matrix_seeds(data: Path, names: tuple[str, ...] | None, *, seeds: tup
         if oracle:
             row.append(rng(c["oracle_share_of_what_is_left"], ".2f"))
         t.add_row(*row)
-    console = Console(stderr=True, width=170)
-    console.print(t)
     sm = doc["seeds"]["summary"]
-    console.print(f"cells {sm['cells']}; not below the best other in every seed: {sm['not_below_best_other_every_seed']}; "
-                  f"half of what is left in every seed: {sm['half_of_what_is_left_every_seed']}, at the median: "
-                  f"{sm['half_of_what_is_left_at_median']}; lowest rollplan / best other: {sm['min_rollplan_vs_best_other']}; "
-                  f"wall {doc['wall_s']:.0f} s")
+    _print_table(t, f"cells {sm['cells']}; not below the best other in every seed: "
+                    f"{sm['not_below_best_other_every_seed']}; half of what is left in every seed: "
+                    f"{sm['half_of_what_is_left_every_seed']}, at the median: {sm['half_of_what_is_left_at_median']}; "
+                    f"lowest rollplan / best other: {sm['min_rollplan_vs_best_other']}; wall {doc['wall_s']:.0f} s")
 
 
 def register_pd_crossover(bench: typer.Typer) -> None:
