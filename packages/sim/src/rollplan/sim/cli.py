@@ -434,8 +434,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                 raise UserInputError(f"unknown bench trace {n!r}", fix=f"use 'all' or some of {sorted(known)}")
         if matrix and seed_list is not None:
             _bench_matrix_seeds(data, names, seeds=seed_list, jobs=jobs or default_jobs(), tool_kv=tool_kv,
-                                share_prompt=share_prompt, per_batch=per_batch, window_h=window_h, as_json=as_json,
-                                regime=regime, moves=moves, oracle=oracle)
+                                share_prompt=share_prompt, window_h=window_h, as_json=as_json, regime=regime,
+                                moves=moves, oracle=oracle)
             return
         if matrix:
             _bench_matrix(data, names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv,
@@ -544,7 +544,7 @@ def _print_table(table: Any, summary: str) -> None:
 
 
 def _bench_matrix_seeds(data: Path, names: tuple[str, ...] | None, *, seeds: tuple[int, ...], jobs: int,
-                        tool_kv: str, share_prompt: bool, per_batch: bool, window_h: float | None, as_json: bool,
+                        tool_kv: str, share_prompt: bool, window_h: float | None, as_json: bool,
                         regime: str, moves: str, oracle: bool) -> None:
     """``bench replay --matrix --seeds``: the JSON (``run_matrix_seeds``), then, without ``--json``, a table of
     each cell's spread on stderr."""
@@ -553,8 +553,7 @@ def _bench_matrix_seeds(data: Path, names: tuple[str, ...] | None, *, seeds: tup
 
     check_window_h(window_h)
     doc = run_matrix_seeds(
-        data, seeds=seeds, traces=names, jobs=jobs, tool_kv=tool_kv, share_prompt=share_prompt, per_batch=per_batch,
-        window_h=window_h, regime=regime, moves=moves, oracle=oracle,
+        data, seeds=seeds, traces=names, jobs=jobs, tool_kv=tool_kv, share_prompt=share_prompt, window_h=window_h, regime=regime, moves=moves, oracle=oracle,
         on_seed=None if as_json else (lambda s: print(f"matrix, seed {s} ...", file=sys.stderr)),
         on_cell=None if as_json else (lambda n, m, w: print(f"  replaying {n} {m} {w} ...", file=sys.stderr)))
     print(json.dumps(doc, indent=1))
