@@ -553,7 +553,8 @@ def _bench_matrix_seeds(data: Path, names: tuple[str, ...] | None, *, seeds: tup
 
     check_window_h(window_h)
     doc = run_matrix_seeds(
-        data, seeds=seeds, traces=names, jobs=jobs, tool_kv=tool_kv, share_prompt=share_prompt, window_h=window_h, regime=regime, moves=moves, oracle=oracle,
+        data, seeds=seeds, traces=names, jobs=jobs, tool_kv=tool_kv, share_prompt=share_prompt, window_h=window_h,
+        regime=regime, moves=moves, oracle=oracle,
         on_seed=None if as_json else (lambda s: print(f"matrix, seed {s} ...", file=sys.stderr)),
         on_cell=None if as_json else (lambda n, m, w: print(f"  replaying {n} {m} {w} ...", file=sys.stderr)))
     print(json.dumps(doc, indent=1))
