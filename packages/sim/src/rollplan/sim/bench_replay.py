@@ -142,28 +142,83 @@ def bench_scenario(data_dir: Path, trace_name: str, *, bases: Any = None, seed: 
     )
 
 
-def traj_floor(spec: SimTraj, decode_step: Callable[[int, float], float]) -> float:
-    """A lower bound on ``spec``'s rollout time under any policy: every decode token at batch 1 (the fastest
-    step there is, at the context the turn starts with) plus all its tool waits, the one after the last turn
-    included (a trajectory finishes when its trailing environment time, e.g. a final test run, is over; see
-    ``rollplan.sim.workload``). Prefill and queueing are left out, so the bound is loose."""
+def fastest_course(spec: SimTraj, decode_step: Callable[[int, float], float],
+                   fold_s: float = 0.0) -> tuple[tuple[tuple[float, int, float], ...], float]:
+    """The fastest course any policy can give ``spec`` in the simulator, from the moment its batch starts:
+    ``(stretches, end)``, each stretch ``(start second, decode tokens, seconds per token)`` and ``end`` the second
+    the trajectory is done.
+
+    The simulator runs a trajectory in segments that fold consecutive turns whose tool waits are
+    <= ``fold_s`` (``SimConfig.fold_tool_s``; ``rollplan.sim.engine``): a segment decodes its turns' tokens
+    back to back and waits their tool seconds after its last turn; a segment cut short (KV room) only splits
+    that. So each fold group (the turns from one to the first whose tool wait exceeds ``fold_s``, or the last
+    turn) is one stretch of its decode tokens followed by all its tool waits, the last group's included (a
+    trajectory finishes when its trailing environment time, e.g. a final test run, is over; see
+    ``rollplan.sim.workload``). A segment's step is never shorter than the batch-1 step at the context the
+    segment starts with (its members' mean context is at least that, and a larger batch only adds), so every
+    token of a group is priced at ``decode_step(1, c0)`` with ``c0`` the group's context when its first turn
+    starts decoding (prompt, every earlier token, that turn's new prefill). Prefill, queueing and engine
+    starts are left out, so the course is optimistic: no policy's trajectory is ever ahead of it."""
+    pf, dec, tool = spec.prefill, spec.decode, spec.tool
+    n = len(dec)
     ctx = float(spec.prompt_tokens)
     t = 0.0
-    for k in range(len(spec.decode)):
-        ctx += spec.prefill[k]
-        t += spec.decode[k] * decode_step(1, ctx) + spec.tool[k]
-        ctx += spec.decode[k]
-    return t
+    out: list[tuple[float, int, float]] = []
+    k = 0
+    while k < n:
+        e = k
+        while e < n - 1 and tool[e] <= fold_s:
+            e += 1
+        spt = decode_step(1, ctx + pf[k])
+        tokens = 0
+        for i in range(k, e + 1):
+            ctx += pf[i] + dec[i]
+            tokens += dec[i]
+        out.append((t, tokens, spt))
+        t += tokens * spt
+        for i in range(k, e + 1):
+            t += tool[i]
+        k = e + 1
+    return tuple(out), t
+
+
+def traj_floor(spec: SimTraj, decode_step: Callable[[int, float], float], fold_s: float = 0.0) -> float:
+    """A lower bound on ``spec``'s rollout time under any policy: the end of its ``fastest_course``
+    (every decode token at batch 1, at the context its fold group starts with, plus all its tool waits).
+    Prefill and queueing are left out, so the bound is loose."""
+    return fastest_course(spec, decode_step, fold_s)[1]
+
+
+def traj_tokens_by(spec: SimTraj, decode_step: Callable[[int, float], float], seconds: float,
+                   fold_s: float = 0.0) -> float:
+    """An upper bound on the decode tokens any policy gets from ``spec`` in the first ``seconds`` of its
+    batch: how far its ``fastest_course`` gets by then (all of them once ``seconds`` reaches its end)."""
+    got = 0.0
+    for start, tokens, spt in fastest_course(spec, decode_step, fold_s)[0]:
+        if start >= seconds:
+            break
+        got += min(float(tokens), (seconds - start) / spt) if spt > 0 else float(tokens)
+    return got
+
+
+def _course_fold(scenario: Scenario) -> tuple[float, float]:
+    """(fold for floors, fold for tokens by a time) in ``scenario``'s simulator. With divided rollout
+    (``SimConfig.divide_tokens``) a chunk's folded tool seconds are owed to the end of its next whole segment,
+    so a trajectory may decode part of its next fold group before waiting them: tokens by a time are then
+    bounded as if every wait could come after every token (fold = inf); its total time is unchanged."""
+    fold = scenario.sim.fold_tool_s
+    return fold, (math.inf if scenario.sim.divide_tokens else fold)
 
 
 def batch_floors(scenario: Scenario, indices: Sequence[int]) -> dict[int, float]:
     """Replay batch index -> the longest ``traj_floor`` of its trajectories: no policy's rollout of that batch
     can be shorter (the bench's slots are all one GPU kind at tp 1)."""
     step = perf_factory(scenario.model, calibrated=scenario.calibrated, config=scenario.sim)(scenario.gpu, 1).decode
+    fold = _course_fold(scenario)[0]
     out = {}
     for i in indices:
         specs, _keys = scenario.batches.batch(i + scenario.warmup_batches)
-        out[i] = max((traj_floor(sp, step) for sp in specs), default=0.0)
+        out[i] = max((traj_floor(sp, step, fold) for sp in specs), default=0.0)
     return out
 
 
@@ -172,18 +227,29 @@ def throughput_ceiling(scenario: Scenario, *, max_batches: int = 10_000) -> dict
 
     Batch k cannot start before ``start_k`` = the previous batches' ``batch_floors`` chained through the
     training steps (sync: rollout k+1 starts when step k ends; async: when step k starts, step k waiting for
-    step k-1), and a batch started before the window's end contributes at most all its decode tokens. So no
-    policy's decode tokens in the window exceed the tokens of the batches with ``start_k < end``. On windows a
-    few batches long (the 1-hour Parcae segments) this bound is tight and caps every ratio a policy can reach.
-    Returns the bound, the batches it counts and the earliest start of the first batch it leaves out."""
+    step k-1). A batch whose floor ends within the window contributes at most all its decode tokens; the
+    batch the window's end cuts (it starts before the end, its floor ends after) at most what each of its
+    trajectories' ``fastest_course`` decodes by the end (``traj_tokens_by``: a batch that starts later gets
+    less). So no policy's decode tokens in the window exceed the sum. On windows a few batches long (the
+    1-hour Parcae segments) this bound is tight and caps every ratio a policy can reach.
+    Returns the bound, the batches it counts (the cut one included), the share of the last counted batch's
+    tokens it counts (1: whole) and the earliest start of the first batch it leaves out."""
     end = scenario.end_time
     sched = LendingSchedule(scenario.lending)
     step = perf_factory(scenario.model, calibrated=scenario.calibrated, config=scenario.sim)(scenario.gpu, 1).decode
-    start, prev_end, tokens, k = 0.0, None, 0.0, 0
+    fold, fold_by = _course_fold(scenario)
+    start, prev_end, tokens, k, last_share = 0.0, None, 0.0, 0, 1.0
     while start < end and k < max_batches and (scenario.max_batches is None or k < scenario.max_batches):
         specs, _keys = scenario.batches.batch(k + scenario.warmup_batches)
-        tokens += sum(sum(sp.decode) for sp in specs)
-        done = start + max((traj_floor(sp, step) for sp in specs), default=0.0)
+        whole = sum(sum(sp.decode) for sp in specs)
+        done = start + max((traj_floor(sp, step, fold) for sp in specs), default=0.0)
+        if done > end:
+            got = sum(traj_tokens_by(sp, step, end - start, fold_by) for sp in specs)
+            last_share = got / whole if whole else 1.0
+            tokens += got
+        else:
+            tokens += whole
+            last_share = 1.0
         if scenario.lending.mode is LendMode.SYNC:
             ts = sched.next_train_step(done)
             start = ts.end
@@ -193,7 +259,7 @@ def throughput_ceiling(scenario: Scenario, *, max_batches: int = 10_000) -> dict
         prev_end = ts.end
         k += 1
     return {"tokens_per_s": round(tokens / end, 3) if end > 0 else None, "batches": k,
-            "next_batch_earliest_start_s": round(start, 1)}
+            "last_batch_share": round(last_share, 4), "next_batch_earliest_start_s": round(start, 1)}
 
 
 def per_batch_rows(result: ReplayResult) -> dict[str, Any]:
