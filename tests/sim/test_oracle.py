@@ -8,6 +8,8 @@ Checked:
 - it is a reference, not a policy: not in ``POLICY_NAMES``, never the best other policy, left out of the
   other figures of a bench cell, and reported apart with its share of what is left (by hand from the cell)
   and, with ``--per-batch``, its batches beside the policies';
+- ``share_any_ceiling_allows`` by hand, and (hypothesis) no ceiling at least every schedule's throughput gives
+  rollplan a larger share; on a real cell, rollplan's share is within it;
 - the CLI flag adds it; with a lever comparison it is a one-line error.
 """
 
@@ -18,9 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rollplan.policy.dispatch import pessimistic_path
-from rollplan.sim.bench_replay import matrix_scenario, matrix_workload, run_matrix
+from rollplan.sim.bench_replay import (
+    matrix_scenario,
+    matrix_workload,
+    run_matrix,
+    share_any_ceiling_allows,
+    share_of_what_is_left,
+)
 from rollplan.sim.policies import ORACLE, POLICY_NAMES, OracleRollplan, make_policy
 from rollplan.sim.replay import run_policy, swebench_bases
 from rollplan.solver.cli import main
@@ -94,6 +104,14 @@ def test_matrix_cell_reports_the_oracle_apart(shared_data: Path) -> None:
         assert o["share_of_what_is_left"] == pytest.approx((o["tokens_per_s"] - bo) / (ceiling - bo), abs=1e-4)
     share = o["share_of_what_is_left"]
     assert doc["matrix"]["summary"]["oracle_half_of_what_is_left"] == f"{int(share is not None and share >= 0.5)}/1"
+    # No valid ceiling (one at least every schedule the simulator ran, the reference's included) gives rollplan
+    # more than rollplan_share_at_most; the cell's own ceiling is one of them.
+    most = o["rollplan_share_at_most"]
+    assert most is not None
+    if cell["share_of_what_is_left"] is not None:
+        assert cell["share_of_what_is_left"] <= most + 1e-4
+    reachable = doc["matrix"]["summary"]["half_reachable_by_any_ceiling"]
+    assert reachable == f"{int(most >= 0.5)}/1"
     assert doc["scenario"]["oracle"] is True
     # Without the flag: no oracle anywhere, and the six policies' figures are the same.
     plain = run_matrix(shared_data, traces=("parcae-hh",), modes=("sync",), workloads=("128x16-history",),
@@ -115,3 +133,23 @@ def test_cli_oracle_with_a_lever_comparison_is_refused(lever: list[str], capsys:
     assert main(["bench", "replay", "--oracle", *lever]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--oracle" in err and "To fix" in err, err
+
+
+def test_share_any_ceiling_allows_by_hand() -> None:
+    assert share_any_ceiling_allows(110.0, 100.0, 120.0) == 0.5  # the oracle 20 above, rollplan 10
+    assert share_any_ceiling_allows(110.0, 100.0, 105.0) == 1.0  # rollplan above the reference: all of it
+    assert share_any_ceiling_allows(99.0, 100.0, 120.0) == 0.0  # below the best other: negative under any
+    assert share_any_ceiling_allows(100.0, 100.0, 100.0) == 1.0  # nothing left: the target holds
+    assert share_any_ceiling_allows(None, 100.0, 120.0) is None
+
+
+_tps = st.floats(1.0, 1e4, allow_nan=False)
+
+
+@given(rp=_tps, bo=_tps, ref=_tps, extra=st.floats(0.0, 1e4))
+def test_no_valid_ceiling_gives_more(rp: float, bo: float, ref: float, extra: float) -> None:
+    most = share_any_ceiling_allows(rp, bo, ref)
+    assert most is not None and 0.0 <= most <= 1.0
+    share = share_of_what_is_left(rp, bo, max(rp, ref, bo) + extra)
+    if share is not None:
+        assert share <= most + 1e-4

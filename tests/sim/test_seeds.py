@@ -30,14 +30,15 @@ from rollplan.solver.cli import main
 
 def _cell(trace: str = "t", mode: str = "sync", workload: str = "128x16-history", *, vs: float = 1.01,
           share: float | None = 0.4, target: bool = True, best: str = "elastic-plus",
-          oracle_share: float | None = None) -> dict[str, Any]:
+          oracle_share: float | None = None, at_most: float | None = None) -> dict[str, Any]:
     """A matrix cell with the fields ``seed_spread`` reads, its targets derived as ``matrix_cell`` does."""
     not_below = vs >= 1.0
     half = ((share >= HALF_TARGET) if share is not None else not_below) if target else None
     return {"trace": trace, "mode": mode, "workload": workload, "best_other": {"policy": best},
             "rollplan_vs_best_other": vs, "share_of_what_is_left": share,
             "targets": {"not_below_best_other": not_below, "half_of_what_is_left": half},
-            "oracle": None if oracle_share is None else {"share_of_what_is_left": oracle_share}}
+            "oracle": None if oracle_share is None else {"share_of_what_is_left": oracle_share,
+                                                         "rollplan_share_at_most": at_most}}
 
 
 def _doc(cells: list[dict[str, Any]]) -> dict[str, Any]:
@@ -89,6 +90,22 @@ def test_seed_spread_by_hand() -> None:
     assert sm["half_of_what_is_left_at_median"] == "1/1"
     assert sm["min_rollplan_vs_best_other"] == 0.9996
     assert [p["not_below_best_other"] for p in sm["per_seed"]] == [2, 1, 2]
+    assert ca["rollplan_share_at_most"]["per_seed"] == [None, None, None]
+    assert sm["half_reachable_by_any_ceiling_at_median"] == "0/1"
+
+
+def test_reachable_by_any_ceiling_over_seeds() -> None:
+    """The target cells whose median rollplan_share_at_most is >= 0.5: one cell at 0.6 / 0.4 / 0.7 (median
+    0.6: reachable), one at 0.3 / 0.45 / 0.9 (median 0.45: not), a no-target cell left out."""
+    a, b, c = ("p3", "sync", "128x16-history"), ("g4dn", "async", "128x16-history"), ("p3", "sync", "32x8-no-history")
+    runs = [(s, _doc([_cell(*a, oracle_share=0.7, at_most=x), _cell(*b, oracle_share=0.5, at_most=y),
+                      _cell(*c, target=False, oracle_share=0.1, at_most=0.1)]))
+            for s, x, y in ((0, 0.6, 0.3), (1, 0.4, 0.45), (2, 0.7, 0.9))]
+    out = seed_spread(runs)
+    ca, cb, _cc = out["cells"]
+    assert ca["rollplan_share_at_most"] == {"per_seed": [0.6, 0.4, 0.7], "median": 0.6, "min": 0.4, "max": 0.7}
+    assert cb["rollplan_share_at_most"]["median"] == 0.45
+    assert out["summary"]["half_reachable_by_any_ceiling_at_median"] == "1/2"
 
 
 def test_seed_spread_refuses_different_matrices() -> None:

@@ -370,6 +370,7 @@ def oracle_row(summary: dict[str, Any], rollplan: float | None, best_other: floa
         "tokens_per_s": tps,
         "vs_rollplan": round(tps / rollplan, 4) if tps and rollplan else None,
         "share_of_what_is_left": share_of_what_is_left(tps, best_other, ceiling),
+        "rollplan_share_at_most": share_any_ceiling_allows(rollplan, best_other, tps),
         "batches": summary.get("batches_completed"),
         "rollout_s": round(sum(b["rollout_s"] for b in summary.get("batches", []) if b["rollout_s"] is not None), 1),
     }
@@ -562,6 +563,25 @@ def share_of_what_is_left(rollplan: float | None, best_other: float | None, ceil
     return round((rollplan - best_other) / (ceiling - best_other), 4)
 
 
+def share_any_ceiling_allows(rollplan: float | None, best_other: float | None,
+                             reference: float | None) -> float | None:
+    """The largest share of what is left (``share_of_what_is_left``) that any valid ceiling can give rollplan:
+    (rollplan - best other) / (max(reference, rollplan) - best other). A valid ceiling is at least the
+    throughput of every schedule the simulator ran, so with ``reference`` = the oracle's (``ORACLE``, a schedule
+    no system can run but the simulator does) no tighter ceiling could lift rollplan's share above this; only
+    a policy nearer the reference can. 0.0 when rollplan is below the best other (its share is negative under
+    every ceiling); 1.0 when neither is above the best other (nothing left: the half target holds, as in
+    ``matrix_cell``); None when a figure is missing."""
+    if rollplan is None or best_other is None or reference is None:
+        return None
+    if rollplan < best_other:
+        return 0.0
+    top = max(reference, rollplan)
+    if top <= best_other:
+        return 1.0
+    return round((rollplan - best_other) / (top - best_other), 4)
+
+
 def matrix_cell(trace: str, mode: str, workload: MatrixWorkload, result: ReplayResult, *,
                 per_batch: bool = False) -> dict[str, Any]:
     """One matrix cell from its replay: every policy's tokens/s, the ceiling, the best other policy, rollplan /
@@ -629,7 +649,8 @@ def run_matrix(
     first ``window_h`` hours where given. Returns the JSON document: ``matrix`` (cells, a summary of the
     targets, how windows were cut) and ``traces`` (the bench rows of the sync 128x16-history cells, the
     default bench's rows when no window is cut). ``regime``, ``moves``, ``oracle``: as in ``run_bench`` (with
-    ``oracle``, each cell's ``oracle`` and the summary's ``oracle_half_of_what_is_left``)."""
+    ``oracle``, each cell's ``oracle`` and the summary's ``oracle_half_of_what_is_left`` and
+    ``half_reachable_by_any_ceiling``: the target cells where ``share_any_ceiling_allows`` is >= 0.5)."""
     check_window_h(window_h)
     d = Path(data_dir)
     check_bench_data(d)
@@ -660,6 +681,10 @@ def run_matrix(
     ref = [c["oracle"]["share_of_what_is_left"] for c in cells
            if c["oracle"] is not None and c["targets"]["half_of_what_is_left"] is not None]
     oracle_half = f"{sum(x is not None and x >= HALF_TARGET for x in ref)}/{len(ref)}" if oracle else None
+    # The target cells where some valid ceiling could still give rollplan half (share_any_ceiling_allows).
+    most = [c["oracle"]["rollplan_share_at_most"] for c in cells
+            if c["oracle"] is not None and c["targets"]["half_of_what_is_left"] is not None]
+    reachable = f"{sum(x is not None and x >= HALF_TARGET for x in most)}/{len(most)}" if oracle else None
     return {
         "benchmark": "replay",
         "scenario": {
@@ -688,6 +713,7 @@ def run_matrix(
                 "min_rollplan_vs_best_other": min(vs, default=None),
                 "all_targets_met": all(c["targets"]["not_below_best_other"] for c in cells) and all(half),
                 "oracle_half_of_what_is_left": oracle_half,
+                "half_reachable_by_any_ceiling": reachable,
             },
         },
         "traces": [c["row"] for c in cells if c["mode"] == "sync" and c["workload"] == "128x16-history"],

@@ -62,13 +62,22 @@ def _key(cell: dict[str, Any]) -> CellKey:
     return cell["trace"], cell["mode"], cell["workload"]
 
 
+def _reachable(targets: Sequence[dict[str, Any]]) -> str | None:
+    """Of the target cells, those whose median ``rollplan_share_at_most`` is >= 0.5 ("k/n"); None without the
+    oracle reference."""
+    most = [c["rollplan_share_at_most"] for c in targets if c["rollplan_share_at_most"] is not None]
+    if not most:
+        return None
+    return f"{sum(m['median'] is not None and m['median'] >= HALF_TARGET for m in most)}/{len(targets)}"
+
+
 def seed_spread(runs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
     """Per cell and over the matrix, the spread over seeds of ``run_matrix`` documents ``runs`` ((seed, document)
     pairs, each with the same cells). Returns ``cells`` (per cell: each seed's best other policy, r, q and the
-    oracle's share where it was replayed, as ``spread``s; the seeds where rollplan is not below the best other
+    oracle's share and ``rollplan_share_at_most`` where it was replayed, as ``spread``s; the seeds where rollplan is not below the best other
     and where the half target holds, as "k/n") and ``summary`` (per seed the matrix's own summary; the cells not
     below the best other in every seed; the target cells at half of what is left in every seed and at the
-    median; the lowest r of all). Raises ``ValueError`` when the runs' cells differ (they are not one matrix)."""
+    median, and those where some valid ceiling could give half at the median; the lowest r of all). Raises ``ValueError`` when the runs' cells differ (they are not one matrix)."""
     if not runs:
         raise ValueError("no runs to summarise")
     seeds = [s for s, _ in runs]
@@ -84,6 +93,7 @@ def seed_spread(runs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
         not_below = sum(bool(c["targets"]["not_below_best_other"]) for c in per)
         halves = [c["targets"]["half_of_what_is_left"] for c in per]
         oracle = [(c.get("oracle") or {}).get("share_of_what_is_left") for c in per]
+        at_most = [(c.get("oracle") or {}).get("rollplan_share_at_most") for c in per]
         shares = spread([c["share_of_what_is_left"] for c in per])
         out_cells.append({
             "trace": key[0], "mode": key[1], "workload": key[2],
@@ -91,6 +101,7 @@ def seed_spread(runs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
             "rollplan_vs_best_other": spread([c["rollplan_vs_best_other"] for c in per]),
             "share_of_what_is_left": shares,
             "oracle_share_of_what_is_left": spread(oracle) if any(c.get("oracle") for c in per) else None,
+            "rollplan_share_at_most": spread(at_most) if any(c.get("oracle") for c in per) else None,
             "not_below_best_other": f"{not_below}/{n}",
             "half_of_what_is_left": None if all(h is None for h in halves) else f"{sum(bool(h) for h in halves)}/{n}",
             "half_at_median": None if all(h is None for h in halves) else (
@@ -109,6 +120,7 @@ def seed_spread(runs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
             "not_below_best_other_every_seed": sum(c["not_below_best_other"] == f"{n}/{n}" for c in out_cells),
             "half_of_what_is_left_every_seed": f"{sum(c['half_of_what_is_left'] == f'{n}/{n}' for c in targets)}/{len(targets)}",
             "half_of_what_is_left_at_median": f"{sum(bool(c['half_at_median']) for c in targets)}/{len(targets)}",
+            "half_reachable_by_any_ceiling_at_median": _reachable(targets),
             "min_rollplan_vs_best_other": min(ratios, default=None),
         },
     }
