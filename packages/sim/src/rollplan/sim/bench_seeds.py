@@ -73,11 +73,12 @@ def _reachable(targets: Sequence[dict[str, Any]]) -> str | None:
 
 def seed_spread(runs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
     """Per cell and over the matrix, the spread over seeds of ``run_matrix`` documents ``runs`` ((seed, document)
-    pairs, each with the same cells). Returns ``cells`` (per cell: each seed's best other policy, r, q and the
-    oracle's share and ``rollplan_share_at_most`` where it was replayed, as ``spread``s; the seeds where rollplan is not below the best other
-    and where the half target holds, as "k/n") and ``summary`` (per seed the matrix's own summary; the cells not
-    below the best other in every seed; the target cells at half of what is left in every seed and at the
-    median, and those where some valid ceiling could give half at the median; the lowest r of all). Raises ``ValueError`` when the runs' cells differ (they are not one matrix)."""
+    pairs, each with the same cells). Returns ``cells`` (per cell: each seed's best other policy, r, q, and the
+    oracle's share and ``rollplan_share_at_most`` where it was replayed, as ``spread``s; the seeds where
+    rollplan is not below the best other and where the half target holds, as "k/n") and ``summary`` (per seed
+    the matrix's own summary; the cells not below the best other in every seed; the target cells at half of
+    what is left in every seed and at the median, and those where some valid ceiling could give half at the
+    median; the lowest r of all). Raises ``ValueError`` when the runs' cells differ (they are not one matrix)."""
     if not runs:
         raise ValueError("no runs to summarise")
     seeds = [s for s, _ in runs]
