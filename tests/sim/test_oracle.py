@@ -10,7 +10,12 @@ Checked:
   and, with ``--per-batch``, its batches beside the policies';
 - ``share_any_ceiling_allows`` by hand, and (hypothesis) no ceiling at least every schedule's throughput gives
   rollplan a larger share; on a real cell, rollplan's share is within it;
-- the CLI flag adds it; with a lever comparison it is a one-line error.
+- the CLI flag adds it; with a lever comparison it is a one-line error;
+- the ``rollplan-oracle-started`` reference (``StartedOracleRollplan``): a trajectory that has not started gets
+  exactly the rollplan policy's prediction (the same predictor state: no true length leaks before a sample
+  runs), one that has started gets its true remaining course; it is reported under the cell's
+  ``oracle.started`` (share and part of the oracle's gain by hand, ``share_of_gain`` by hand) and counted in
+  the summary.
 """
 
 from __future__ import annotations
@@ -29,9 +34,19 @@ from rollplan.sim.bench_replay import (
     matrix_workload,
     run_matrix,
     share_any_ceiling_allows,
+    share_of_gain,
     share_of_what_is_left,
 )
-from rollplan.sim.policies import ORACLE, POLICY_NAMES, OracleRollplan, make_policy
+from rollplan.sim.policies import (
+    ORACLE,
+    ORACLE_STARTED,
+    ORACLES,
+    POLICY_NAMES,
+    OracleRollplan,
+    RollplanPolicy,
+    StartedOracleRollplan,
+    make_policy,
+)
 from rollplan.sim.replay import run_policy, swebench_bases
 from rollplan.solver.cli import main
 
@@ -80,6 +95,52 @@ def test_oracle_predicts_each_trajectorys_true_course(shared_data: Path) -> None
     assert any(len(keys) > 1 for keys in audit.group_keys.values())
 
 
+class _StartedAudit(StartedOracleRollplan):
+    """The started oracle, checking at every snapshot that a trajectory not yet started gets the rollplan
+    policy's own prediction (the same predictor state) and a started one its true remaining course."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending_checked = 0
+        self.started_checked = 0
+
+    def snapshot(self, sim: Any) -> Any:
+        snap = super().snapshot(sim)
+        by_id = {t.spec.id: t for t in sim.trajs}
+        for tr in snap.trajectories:
+            t = by_id[tr.id]
+            dec, turns, tool, _ctx = prog = sim.progress(t)
+            if dec > 0 or turns > 0:
+                assert tr.remaining_decode_tokens.mean == pytest.approx(max(0.0, sum(t.spec.decode) - dec))
+                assert tr.remaining_tool_seconds.mean == pytest.approx(max(0.0, sum(t.spec.tool) - tool))
+                assert tr.remaining_decode_tokens.spread == tr.remaining_tool_seconds.spread == 0.0
+                self.started_checked += 1
+            else:
+                own = RollplanPolicy._predict(self, sim, t.idx, prog)
+                assert (tr.remaining_decode_tokens.mean, tr.remaining_tool_seconds.mean) == (own[0], own[2])
+                assert (tr.remaining_decode_tokens.spread, tr.remaining_tool_seconds.spread) == (own[4][0], own[4][2])
+                self.pending_checked += 1
+        return snap
+
+
+def test_started_oracle_knows_a_trajectory_only_once_it_has_started(shared_data: Path) -> None:
+    sc = matrix_scenario(shared_data, "parcae-hh", "async", matrix_workload("32x8-no-history"),
+                         bases=swebench_bases(shared_data), window_h=0.1)
+    audit = _StartedAudit()
+    run = run_policy(sc, audit)
+    assert run.name == ORACLE_STARTED
+    assert audit.pending_checked > 0 and audit.started_checked > 0
+    assert ORACLE_STARTED not in POLICY_NAMES
+    assert isinstance(make_policy(ORACLE_STARTED, backend="greedy"), StartedOracleRollplan)
+
+
+def test_share_of_gain_by_hand() -> None:
+    assert share_of_gain(105.0, 100.0, 120.0) == 0.25  # a quarter of the way from rollplan to the oracle
+    assert share_of_gain(95.0, 100.0, 120.0) == -0.25  # below rollplan
+    assert share_of_gain(105.0, 100.0, 100.0) is None  # the oracle not above rollplan: no gain to split
+    assert share_of_gain(None, 100.0, 120.0) is None
+
+
 def test_oracle_is_a_reference_not_a_policy() -> None:
     assert ORACLE not in POLICY_NAMES
     p = make_policy(ORACLE, backend="greedy", time_limit=0.2)
@@ -91,9 +152,10 @@ def test_matrix_cell_reports_the_oracle_apart(shared_data: Path) -> None:
                      window_h=0.05, jobs=1, oracle=True, per_batch=True)
     (cell,) = doc["matrix"]["cells"]
     # --per-batch lists the reference's batches beside the policies'
-    assert set(cell["row"]["per_batch"]["rollout_s"]) == {*POLICY_NAMES, ORACLE}
-    assert set(cell["tokens_per_s"]) == set(POLICY_NAMES)  # the reference is in none of the other figures
-    assert ORACLE not in cell["tail_share_common"] and ORACLE not in cell["row"]["rollout_over_floor"]
+    assert set(cell["row"]["per_batch"]["rollout_s"]) == {*POLICY_NAMES, *ORACLES}
+    assert set(cell["tokens_per_s"]) == set(POLICY_NAMES)  # the references are in none of the other figures
+    for name in ORACLES:
+        assert name not in cell["tail_share_common"] and name not in cell["row"]["rollout_over_floor"]
     assert cell["best_other"]["policy"] in POLICY_NAMES and cell["best_other"]["policy"] != "rollplan"
     o = cell["oracle"]
     assert o["policy"] == ORACLE and o["tokens_per_s"] > 0
@@ -113,11 +175,23 @@ def test_matrix_cell_reports_the_oracle_apart(shared_data: Path) -> None:
     reachable = doc["matrix"]["summary"]["half_reachable_by_any_ceiling"]
     assert reachable == f"{int(most >= 0.5)}/1"
     assert doc["scenario"]["oracle"] is True
+    started = o["started"]
+    assert started["policy"] == ORACLE_STARTED and 0 < started["tokens_per_s"] <= ceiling + 1e-6
+    if ceiling > bo:
+        assert started["share_of_what_is_left"] == pytest.approx((started["tokens_per_s"] - bo) / (ceiling - bo),
+                                                                  abs=1e-4)
+    if o["tokens_per_s"] > rp:
+        assert started["of_oracle_gain"] == pytest.approx(
+            (started["tokens_per_s"] - rp) / (o["tokens_per_s"] - rp), abs=1e-4)
+    st_share = started["share_of_what_is_left"]
+    assert doc["matrix"]["summary"]["started_oracle_half_of_what_is_left"] == \
+        f"{int(st_share is not None and st_share >= 0.5)}/1"
     # Without the flag: no oracle anywhere, and the six policies' figures are the same.
     plain = run_matrix(shared_data, traces=("parcae-hh",), modes=("sync",), workloads=("128x16-history",),
                        window_h=0.05, jobs=1)
     (pc,) = plain["matrix"]["cells"]
     assert pc["oracle"] is None and plain["matrix"]["summary"]["oracle_half_of_what_is_left"] is None
+    assert plain["matrix"]["summary"]["started_oracle_half_of_what_is_left"] is None
     assert pc["tokens_per_s"] == cell["tokens_per_s"] and pc["best_other"] == cell["best_other"]
 
 

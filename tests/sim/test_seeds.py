@@ -7,6 +7,7 @@ Checked:
 - invariants (hypothesis, random per-seed figures): min <= median <= max; a cell at half of what is left in
   every seed is at half at the median, so that count never exceeds the median's; a cell not below the best
   other in every seed has every seed's ratio >= 1 (the cells' targets built as ``matrix_cell`` builds them);
+- the started oracle's figures (``oracle_row``'s ``started``) spread per cell and counted at the median;
 - on real replays (a tiny matrix: one trace, one mode, one workload, a cut window), each seed's figures are
   exactly those of ``run_matrix`` run alone with that seed, and different seeds draw different workloads;
 - the CLI flag's bad input gives one line; the CLI prints the spread document.
@@ -106,6 +107,31 @@ def test_reachable_by_any_ceiling_over_seeds() -> None:
     assert ca["rollplan_share_at_most"] == {"per_seed": [0.6, 0.4, 0.7], "median": 0.6, "min": 0.4, "max": 0.7}
     assert cb["rollplan_share_at_most"]["median"] == 0.45
     assert out["summary"]["half_reachable_by_any_ceiling_at_median"] == "1/2"
+
+
+def test_started_oracle_over_seeds() -> None:
+    """The started oracle's share and part of the oracle's gain, per seed and at the median: one target cell
+    at 0.55 / 0.3 / 0.6 (median 0.55: half), one at 0.2 / 0.1 / 0.3 (not), a no-target cell left out."""
+    a, b, c = ("p3", "sync", "128x16-history"), ("g4dn", "async", "128x16-history"), ("p3", "sync", "32x8-no-history")
+
+    def cell(key: tuple[str, str, str], share: float, gain: float, target: bool = True) -> dict[str, Any]:
+        out = _cell(*key, target=target, oracle_share=0.7, at_most=0.6)
+        out["oracle"]["started"] = {"share_of_what_is_left": share, "of_oracle_gain": gain}
+        return out
+
+    runs = [(s, _doc([cell(a, x, g), cell(b, y, g), cell(c, 0.9, 0.9, target=False)]))
+            for s, x, y, g in ((0, 0.55, 0.2, 0.3), (1, 0.3, 0.1, 0.2), (2, 0.6, 0.3, 0.25))]
+    out = seed_spread(runs)
+    ca, cb, _cc = out["cells"]
+    assert ca["started_oracle_share_of_what_is_left"] == {"per_seed": [0.55, 0.3, 0.6], "median": 0.55,
+                                                          "min": 0.3, "max": 0.6}
+    assert ca["started_oracle_of_oracle_gain"]["median"] == 0.25
+    assert cb["started_oracle_share_of_what_is_left"]["median"] == 0.2
+    assert out["summary"]["started_oracle_half_at_median"] == "1/2"
+    # Without the references: no started figures anywhere.
+    plain = seed_spread([(0, _doc([_cell(*a)]))])
+    assert plain["cells"][0]["started_oracle_share_of_what_is_left"] is None
+    assert plain["summary"]["started_oracle_half_at_median"] is None
 
 
 def test_seed_spread_refuses_different_matrices() -> None:

@@ -36,7 +36,7 @@ from rollplan.models.errors import UserInputError
 from rollplan.sim.engine import SimConfig, SimTraj
 from rollplan.sim.lending import LendingConfig, LendingSchedule, LendMode
 from rollplan.sim.metrics import common_tail_shares
-from rollplan.sim.policies import MOVES, ORACLE, POLICY_NAMES, REGIME, make_policy
+from rollplan.sim.policies import MOVES, ORACLE, ORACLE_STARTED, ORACLES, POLICY_NAMES, REGIME, make_policy
 from rollplan.sim.replay import (
     SWEBENCH_FILES,
     BatchSource,
@@ -291,9 +291,10 @@ def role_shares(summary: dict[str, Any]) -> dict[str, float]:
 
 def trace_row(name: str, result: ReplayResult, *, per_batch: bool = False) -> dict[str, Any]:
     """The bench's row for one trace (see the module docstring); ``per_batch``: add ``per_batch_rows``. A run of
-    the ``ORACLE`` reference (``--oracle``) is left out of every other figure and reported under ``oracle``."""
+    the ``ORACLES`` references (``--oracle``) are left out of every other figure and reported under ``oracle``."""
     oracle_run = next((r for r in result.runs if r.name == ORACLE), None)
-    s = {r.name: r.summary for r in result.runs if r.name != ORACLE}
+    started_run = next((r for r in result.runs if r.name == ORACLE_STARTED), None)
+    s = {r.name: r.summary for r in result.runs if r.name not in ORACLES}
 
     def ratio(a: str, b: str) -> float | None:
         x, y = s.get(a, {}).get("throughput_tokens_per_s"), s.get(b, {}).get("throughput_tokens_per_s")
@@ -353,18 +354,23 @@ def trace_row(name: str, result: ReplayResult, *, per_batch: bool = False) -> di
                                    or row["rollplan_vs_elastic_ceiling"] >= TARGETS["vs_elastic"])
     if oracle_run is not None:
         row["oracle"] = oracle_row(oracle_run.summary, s.get("rollplan", {}).get("throughput_tokens_per_s"),
-                                   row["best_other"]["tokens_per_s"], (ceiling or {}).get("tokens_per_s"))
+                                   row["best_other"]["tokens_per_s"], (ceiling or {}).get("tokens_per_s"),
+                                   started_run.summary if started_run is not None else None)
     if per_batch:
         row["per_batch"] = per_batch_rows(result)
     return row
 
 
 def oracle_row(summary: dict[str, Any], rollplan: float | None, best_other: float | None,
-               ceiling: float | None) -> dict[str, Any]:
+               ceiling: float | None, started: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the ``ORACLE`` reference (rollplan with every trajectory's true lengths) reached on a replay: its
     tokens/s, over rollplan's, and its share of what is left over the best other policy
-    (``share_of_what_is_left``), beside the batches it completed and the sum of their rollout seconds."""
+    (``share_of_what_is_left``), beside the batches it completed and the sum of their rollout seconds.
+    ``started``: the ``ORACLE_STARTED`` reference's summary (rollplan told a trajectory's truth once it has
+    started), reported under ``started`` with its share of what is left and ``of_oracle_gain``
+    (``share_of_gain``): how much of the oracle's gain over rollplan perfect in-flight knowledge reaches."""
     tps = summary.get("throughput_tokens_per_s")
+    st_tps = started.get("throughput_tokens_per_s") if started is not None else None
     return {
         "policy": ORACLE,
         "tokens_per_s": tps,
@@ -373,20 +379,37 @@ def oracle_row(summary: dict[str, Any], rollplan: float | None, best_other: floa
         "rollplan_share_at_most": share_any_ceiling_allows(rollplan, best_other, tps),
         "batches": summary.get("batches_completed"),
         "rollout_s": round(sum(b["rollout_s"] for b in summary.get("batches", []) if b["rollout_s"] is not None), 1),
+        "started": None if started is None else {
+            "policy": ORACLE_STARTED,
+            "tokens_per_s": st_tps,
+            "share_of_what_is_left": share_of_what_is_left(st_tps, best_other, ceiling),
+            "of_oracle_gain": share_of_gain(st_tps, rollplan, tps),
+        },
     }
+
+
+def share_of_gain(partial: float | None, base: float | None, full: float | None) -> float | None:
+    """(partial - base) / (full - base): how much of the way from ``base`` to ``full`` ``partial`` goes (e.g.
+    the started oracle's part of the oracle's gain over rollplan). None when a figure is missing or ``full``
+    is not above ``base`` (no gain to split)."""
+    if partial is None or base is None or full is None or full <= base:
+        return None
+    return round((partial - base) / (full - base), 4)
 
 
 def replay_policies(jobs: int, oracle: bool) -> list[str]:
     """The policies one replay runs, in the order they go to workers (``jobs`` > 1: the longest first, as
-    measured on p3, so the short ones fill in at the end), with the ``ORACLE`` reference first when ``oracle``
-    (it runs as long as rollplan)."""
+    measured on p3, so the short ones fill in at the end), with the ``ORACLES`` references first when ``oracle``
+    (they run as long as rollplan)."""
     order: list[str] = list(POLICY_NAMES) if jobs == 1 else sorted(POLICY_NAMES, key=LONGEST_FIRST.index)
-    return [ORACLE, *order] if oracle else order
+    return [*ORACLES, *order] if oracle else order
 
 
 def report_order(name: str) -> int:
-    """Sort key of a run in a replay's results: ``POLICY_NAMES`` order, the ``ORACLE`` reference last."""
-    return POLICY_NAMES.index(name) if name in POLICY_NAMES else len(POLICY_NAMES)
+    """Sort key of a run in a replay's results: ``POLICY_NAMES`` order, the ``ORACLES`` references last."""
+    if name in POLICY_NAMES:
+        return POLICY_NAMES.index(name)
+    return len(POLICY_NAMES) + (ORACLES.index(name) if name in ORACLES else len(ORACLES))
 
 
 def planner_setting() -> dict[str, Any]:
@@ -433,8 +456,8 @@ def run_bench(
     row also carries ``per_batch_rows``. ``dispersion``, ``first_epoch``: the workload (``workload_options``).
     ``regime``: the rollplan policy's admission regime rule (``rollplan.sim.policies.REGIME``; "share" replays
     the rule it replaced); ``moves``: which of its plans' migrations it carries out (``MOVES``); ``oracle``: also
-    replay the ``ORACLE`` reference (each row's ``oracle``; the other figures leave it out, and ``timing`` stays
-    empty: the p3 replay's wall time is measured on the six policies alone)."""
+    replay the ``ORACLES`` references (each row's ``oracle``; the other figures leave them out, and ``timing``
+    stays empty: the p3 replay's wall time is measured on the six policies alone)."""
     d = Path(data_dir)
     bases = bench_bases(d)
     names = traces or tuple(t[0] for t in BENCH_TRACES)
@@ -649,8 +672,9 @@ def run_matrix(
     first ``window_h`` hours where given. Returns the JSON document: ``matrix`` (cells, a summary of the
     targets, how windows were cut) and ``traces`` (the bench rows of the sync 128x16-history cells, the
     default bench's rows when no window is cut). ``regime``, ``moves``, ``oracle``: as in ``run_bench`` (with
-    ``oracle``, each cell's ``oracle`` and the summary's ``oracle_half_of_what_is_left`` and
-    ``half_reachable_by_any_ceiling``: the target cells where ``share_any_ceiling_allows`` is >= 0.5)."""
+    ``oracle``, each cell's ``oracle`` and the summary's ``oracle_half_of_what_is_left``,
+    ``half_reachable_by_any_ceiling``: the target cells where ``share_any_ceiling_allows`` is >= 0.5, and
+    ``started_oracle_half_of_what_is_left``: those where the ``ORACLE_STARTED`` reference's share is)."""
     check_window_h(window_h)
     d = Path(data_dir)
     check_bench_data(d)
@@ -685,6 +709,10 @@ def run_matrix(
     most = [c["oracle"]["rollplan_share_at_most"] for c in cells
             if c["oracle"] is not None and c["targets"]["half_of_what_is_left"] is not None]
     reachable = f"{sum(x is not None and x >= HALF_TARGET for x in most)}/{len(most)}" if oracle else None
+    # The started oracle's share in the target cells: how many perfect in-flight knowledge would pass.
+    started = [((c["oracle"] or {}).get("started") or {}).get("share_of_what_is_left") for c in cells
+               if c["oracle"] is not None and c["targets"]["half_of_what_is_left"] is not None]
+    started_half = f"{sum(x is not None and x >= HALF_TARGET for x in started)}/{len(started)}" if oracle else None
     return {
         "benchmark": "replay",
         "scenario": {
@@ -714,6 +742,7 @@ def run_matrix(
                 "all_targets_met": all(c["targets"]["not_below_best_other"] for c in cells) and all(half),
                 "oracle_half_of_what_is_left": oracle_half,
                 "half_reachable_by_any_ceiling": reachable,
+                "started_oracle_half_of_what_is_left": started_half,
             },
         },
         "traces": [c["row"] for c in cells if c["mode"] == "sync" and c["workload"] == "128x16-history"],

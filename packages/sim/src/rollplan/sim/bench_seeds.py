@@ -71,14 +71,25 @@ def _reachable(targets: Sequence[dict[str, Any]]) -> str | None:
     return f"{sum(m['median'] is not None and m['median'] >= HALF_TARGET for m in most)}/{len(targets)}"
 
 
+def _started_half(targets: Sequence[dict[str, Any]]) -> str | None:
+    """Of the target cells, those whose median started-oracle share (``ORACLE_STARTED``) is >= 0.5 ("k/n");
+    None without the references."""
+    st = [c["started_oracle_share_of_what_is_left"] for c in targets
+          if c["started_oracle_share_of_what_is_left"] is not None]
+    if not st:
+        return None
+    return f"{sum(m['median'] is not None and m['median'] >= HALF_TARGET for m in st)}/{len(targets)}"
+
+
 def seed_spread(runs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
     """Per cell and over the matrix, the spread over seeds of ``run_matrix`` documents ``runs`` ((seed, document)
     pairs, each with the same cells). Returns ``cells`` (per cell: each seed's best other policy, r, q, and the
-    oracle's share and ``rollplan_share_at_most`` where it was replayed, as ``spread``s; the seeds where
+    oracle's share, ``rollplan_share_at_most``, and the started oracle's share and part of the oracle's gain
+    (``oracle_row``'s ``started``) where they were replayed, as ``spread``s; the seeds where
     rollplan is not below the best other and where the half target holds, as "k/n") and ``summary`` (per seed
     the matrix's own summary; the cells not below the best other in every seed; the target cells at half of
-    what is left in every seed and at the median, and those where some valid ceiling could give half at the
-    median; the lowest r of all). Raises ``ValueError`` when the runs' cells differ (they are not one matrix)."""
+    what is left in every seed and at the median, those where some valid ceiling could give half at the
+    median, and those where the started oracle takes half at the median; the lowest r of all). Raises ``ValueError`` when the runs' cells differ (they are not one matrix)."""
     if not runs:
         raise ValueError("no runs to summarise")
     seeds = [s for s, _ in runs]
@@ -95,6 +106,7 @@ def seed_spread(runs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
         halves = [c["targets"]["half_of_what_is_left"] for c in per]
         oracle = [(c.get("oracle") or {}).get("share_of_what_is_left") for c in per]
         at_most = [(c.get("oracle") or {}).get("rollplan_share_at_most") for c in per]
+        started = [((c.get("oracle") or {}).get("started") or {}) for c in per]
         shares = spread([c["share_of_what_is_left"] for c in per])
         out_cells.append({
             "trace": key[0], "mode": key[1], "workload": key[2],
@@ -103,6 +115,10 @@ def seed_spread(runs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
             "share_of_what_is_left": shares,
             "oracle_share_of_what_is_left": spread(oracle) if any(c.get("oracle") for c in per) else None,
             "rollplan_share_at_most": spread(at_most) if any(c.get("oracle") for c in per) else None,
+            "started_oracle_share_of_what_is_left": spread([x.get("share_of_what_is_left") for x in started])
+            if any(started) else None,
+            "started_oracle_of_oracle_gain": spread([x.get("of_oracle_gain") for x in started])
+            if any(started) else None,
             "not_below_best_other": f"{not_below}/{n}",
             "half_of_what_is_left": None if all(h is None for h in halves) else f"{sum(bool(h) for h in halves)}/{n}",
             "half_at_median": None if all(h is None for h in halves) else (
@@ -122,6 +138,7 @@ def seed_spread(runs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
             "half_of_what_is_left_every_seed": f"{sum(c['half_of_what_is_left'] == f'{n}/{n}' for c in targets)}/{len(targets)}",
             "half_of_what_is_left_at_median": f"{sum(bool(c['half_at_median']) for c in targets)}/{len(targets)}",
             "half_reachable_by_any_ceiling_at_median": _reachable(targets),
+            "started_oracle_half_at_median": _started_half(targets),
             "min_rollplan_vs_best_other": min(ratios, default=None),
         },
     }

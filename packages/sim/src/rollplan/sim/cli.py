@@ -341,8 +341,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                            "all | forced (only off a slot that is leaving or stops decoding); "
                                            "default: the policy's (MOVES).")] = None,
         oracle: Annotated[bool, typer.Option("--oracle", help="Also replay rollplan told every trajectory's true "
-                                             "lengths (a reference, not a policy: the JSON's 'oracle' per row / "
-                                             "cell; never the best other).")] = False,
+                                             "lengths, and rollplan told them once a trajectory has started "
+                                             "(references, not policies: the JSON's 'oracle' per row / cell; "
+                                             "never the best other).")] = False,
         matrix: Annotated[bool, typer.Option("--matrix", help="Every trace x {sync, async} x {128x16-history, "
                                              "32x8-no-history, dispersion-0.6}: the JSON's 'matrix' (docs/simulator.md).")] = False,
         seeds: Annotated[str | None, typer.Option("--seeds", help="With --matrix: run it once per workload seed "
@@ -509,7 +510,7 @@ def _bench_matrix(data: Path, names: tuple[str, ...] | None, *, seed: int, jobs:
     cols = ["trace", "mode", "workload", "h", "rollplan", "best other", "ceiling", "vs best other", "share",
             "tail rollplan (lowest other)", "targets"]
     if oracle:
-        cols.insert(9, "oracle share")
+        cols[9:9] = ["oracle share", "started share"]
     for col in cols:
         t.add_column(col, justify="left" if col in ("trace", "mode", "workload", "best other", "targets") else "right")
     for c in doc["matrix"]["cells"]:
@@ -525,12 +526,15 @@ def _bench_matrix(data: Path, names: tuple[str, ...] | None, *, seed: int, jobs:
                  num(c["share_of_what_is_left"], ".2f"),
                  f"{num(tails.get('rollplan'), '.3f')} ({num(low, '.3f')})", marks]
         if oracle:
-            cells.insert(9, num((c["oracle"] or {}).get("share_of_what_is_left"), ".2f"))
+            o = c["oracle"] or {}
+            cells[9:9] = [num(o.get("share_of_what_is_left"), ".2f"),
+                          num((o.get("started") or {}).get("share_of_what_is_left"), ".2f")]
         t.add_row(*cells)
     sm = doc["matrix"]["summary"]
     _print_table(t, f"cells {sm['cells']}; not below the best other: {sm['not_below_best_other']}; half of what is "
                     f"left (128x16-history): {sm['half_of_what_is_left']}"
-                    + (f" (oracle {sm['oracle_half_of_what_is_left']})" if oracle else "")
+                    + (f" (oracle {sm['oracle_half_of_what_is_left']}, started oracle "
+                       f"{sm['started_oracle_half_of_what_is_left']})" if oracle else "")
                     + f"; {doc['matrix']['window']['rule']}; wall {doc['wall_s']:.0f} s")
 
 
@@ -570,14 +574,15 @@ def _bench_matrix_seeds(data: Path, names: tuple[str, ...] | None, *, seeds: tup
     t = Table(title=f"bench replay --matrix --seeds {','.join(map(str, seeds))}: median (min-max) over seeds")
     cols = ["trace", "mode", "workload", "rollplan / best other", "share of what is left", "not below", "half"]
     if oracle:
-        cols.append("oracle share")
+        cols += ["oracle share", "started share", "started / oracle gain"]
     for col in cols:
         t.add_column(col, justify="left" if col in ("trace", "mode", "workload") else "right")
     for c in doc["seeds"]["cells"]:
         row = [c["trace"], c["mode"], c["workload"], rng(c["rollplan_vs_best_other"], ".3f"),
                rng(c["share_of_what_is_left"], ".2f"), c["not_below_best_other"], c["half_of_what_is_left"] or "-"]
         if oracle:
-            row.append(rng(c["oracle_share_of_what_is_left"], ".2f"))
+            row += [rng(c["oracle_share_of_what_is_left"], ".2f"), rng(c["started_oracle_share_of_what_is_left"], ".2f"),
+                    rng(c["started_oracle_of_oracle_gain"], ".2f")]
         t.add_row(*row)
     sm = doc["seeds"]["summary"]
     _print_table(t, f"cells {sm['cells']}; not below the best other in every seed: "

@@ -74,6 +74,12 @@ ORACLE = "rollplan-oracle"
 """A reference run, not a policy: the rollplan policy told every trajectory's true remaining course
 (``OracleRollplan``). Not in ``POLICY_NAMES`` (no system can run it, so it is never a baseline nor the best other
 policy); ``rollplan bench replay --oracle`` adds it to each replay."""
+ORACLE_STARTED = "rollplan-oracle-started"
+"""A reference run, not a policy: the rollplan policy told a trajectory's true remaining course from the moment
+it has started (``StartedOracleRollplan``), its own predictions before. ``rollplan bench replay --oracle`` adds
+it beside ``ORACLE``: what perfect in-flight knowledge would add to rollplan."""
+ORACLES = (ORACLE, ORACLE_STARTED)
+"""The reference runs (never policies, baselines or the best other policy)."""
 
 
 class BasePolicy:
@@ -977,6 +983,36 @@ class OracleRollplan(RollplanPolicy):
         self._informed.add(j)  # every prediction is the truth: informed
 
 
+class StartedOracleRollplan(OracleRollplan):
+    """The rollplan policy told a trajectory's true remaining course once it has started, not before: a
+    reference, not a policy (``ORACLE_STARTED``).
+
+    A trajectory has started once it has decoded a token or finished a turn. From then on every prediction of
+    it is ``OracleRollplan``'s (the truth, spreads of 0); before, it is the rollplan policy's own. Before a
+    sample starts, nothing any system observes tells it from its siblings (the same prompt, the same history,
+    the same group statistics), so no policy can order pending siblings by their true lengths; after, a
+    predictor can learn from the sample's own progress, and this reference is the limit of what such learning
+    can give rollplan's schedule. Its throughput between rollplan's and ``ORACLE``'s splits the oracle's gain
+    into the part in-flight knowledge could reach and the part only knowing a sample before it starts gives.
+    The simulator only (the executor has no course to reveal)."""
+
+    name = ORACLE_STARTED
+
+    def _predict(self, sim: Simulator, j: int, progress: tuple[float, int, float, int] | None = None,
+                 pf_done: int | None = None) -> tuple[float, float, float, float, tuple[float, float, float, float]]:
+        """The truth (``OracleRollplan._predict``) once j has started; rollplan's prediction before."""
+        t = sim.trajs[j]
+        progress = progress if progress is not None else sim.progress(t)
+        if progress[0] > 0 or progress[1] > 0:
+            return super()._predict(sim, j, progress, pf_done)
+        return RollplanPolicy._predict(self, sim, j, progress, pf_done)
+
+    def _note_source(self, key: str, group: str, j: int) -> None:
+        """Only a prediction of rollplan's own is noted (its source decides whether j counts as informed);
+        ``OracleRollplan._predict`` marks the started ones informed itself."""
+        RollplanPolicy._note_source(self, key, group, j)
+
+
 class ElasticPlus(RollplanPolicy):
     """``elastic-colocated`` with the rollplan policy's prediction and dispatch order, and no planner
     (RLBoost+ / Seer-like: the strongest baseline a team without a planner would run).
@@ -1088,8 +1124,8 @@ def make_policy(name: str, **options: Any) -> BasePolicy:
         return FormulaPD(options.get("pd", (1, 3)))
     if name == "elastic-plus":
         return ElasticPlus()
-    if name in ("rollplan", ORACLE):
-        cls = RollplanPolicy if name == "rollplan" else OracleRollplan
+    if name in ("rollplan", *ORACLES):
+        cls = {"rollplan": RollplanPolicy, ORACLE: OracleRollplan, ORACLE_STARTED: StartedOracleRollplan}[name]
         return cls(**{k: v for k, v in options.items()
                                  if k in ("backend", "time_limit", "switch_weight", "deterministic", "charge_solve",
                                           "kv_headroom", "bulk_headroom", "critical_headroom", "bulk_share",
@@ -1123,6 +1159,8 @@ __all__ = [
     "DISPATCH_Z",
     "KV_HEADROOM",
     "ORACLE",
+    "ORACLES",
+    "ORACLE_STARTED",
     "POLICY_NAMES",
     "REGIME",
     "REGIMES",
@@ -1131,6 +1169,7 @@ __all__ = [
     "ElasticPlus",
     "FormulaPD",
     "OracleRollplan",
+    "StartedOracleRollplan",
     "StaticColocated",
     "StaticDisagg",
     "make_policy",
