@@ -64,6 +64,7 @@ def test_share_and_targets_by_hand(doc: dict[str, Any]) -> None:
         bo = others[best]
         assert c["best_other"] == {"policy": best, "tokens_per_s": bo}
         ceiling = c["throughput_ceiling"]
+        assert c["left_tokens_per_s"] == pytest.approx(ceiling - bo, abs=1e-3)
         if ceiling > bo:
             seen_share = True
             assert c["share_of_what_is_left"] == pytest.approx((rp - bo) / (ceiling - bo), abs=1e-4)

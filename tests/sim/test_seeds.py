@@ -85,6 +85,7 @@ def test_seed_spread_by_hand() -> None:
     assert cb["not_below_best_other"] == "2/3"
     assert cb["half_of_what_is_left"] is None and cb["oracle_share_of_what_is_left"] is None
     assert cb["share_of_what_is_left"] == {"per_seed": [None, -0.3, 0.1], "median": -0.1, "min": -0.3, "max": 0.1}
+    assert ca["left_tokens_per_s"]["per_seed"] == [None, None, None]  # the hand-built cells carry none
     sm = out["summary"]
     assert sm["not_below_best_other_every_seed"] == 1
     assert sm["half_of_what_is_left_every_seed"] == "0/1"
@@ -189,6 +190,7 @@ def test_each_seed_is_its_own_matrix(shared_data: Path) -> None:
         run_cell = doc["runs"][k]["cells"][0]
         assert run_cell["tokens_per_s"] == alone["tokens_per_s"]
         assert per_seed[k] == alone["rollplan_vs_best_other"]
+        assert doc["seeds"]["cells"][0]["left_tokens_per_s"]["per_seed"][k] == alone["left_tokens_per_s"]
         assert "row" not in run_cell
     # different seeds draw different workloads: the two runs' figures differ
     assert doc["runs"][0]["cells"][0]["tokens_per_s"] != doc["runs"][1]["cells"][0]["tokens_per_s"]

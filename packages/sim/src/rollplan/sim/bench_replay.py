@@ -608,8 +608,9 @@ def share_any_ceiling_allows(rollplan: float | None, best_other: float | None,
 def matrix_cell(trace: str, mode: str, workload: MatrixWorkload, result: ReplayResult, *,
                 per_batch: bool = False) -> dict[str, Any]:
     """One matrix cell from its replay: every policy's tokens/s, the ceiling, the best other policy, rollplan /
-    it, the share of what is left (``share_of_what_is_left``), the last-10% shares on the batches every policy
-    completed, whether the targets hold, and the whole bench row (``trace_row``) under ``row``.
+    it, the share of what is left (``share_of_what_is_left``) and what it divides by (``left_tokens_per_s``: the
+    ceiling less the best other's tokens/s), the last-10% shares on the batches every policy completed, whether
+    the targets hold, and the whole bench row (``trace_row``) under ``row``.
 
     Targets: ``not_below_best_other`` (rollplan's tokens/s >= the best other's, every cell); ``half_of_what_is_left``
     (share >= 0.5, or nothing left to take and rollplan not below; None in a cell without the target)."""
@@ -639,6 +640,9 @@ def matrix_cell(trace: str, mode: str, workload: MatrixWorkload, result: ReplayR
         "best_other": best,
         "rollplan_vs_best_other": row["rollplan_vs_best_other"],
         "share_of_what_is_left": share,
+        # What the share divides by: a share of 1.00 over a gap of a few tokens/s says only that rollplan and
+        # the best other both ended at (or within a hair of) the ceiling.
+        "left_tokens_per_s": round(ceiling - bo, 3) if ceiling is not None and bo is not None else None,
         "tail_share_common": tails,
         "tail_share_common_batches": row["tail_share_common_batches"],
         "lowest_tail": row["targets_met"]["lowest_tail"],

@@ -113,6 +113,7 @@ def seed_spread(runs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
             "best_other": [c["best_other"]["policy"] for c in per],
             "rollplan_vs_best_other": spread([c["rollplan_vs_best_other"] for c in per]),
             "share_of_what_is_left": shares,
+            "left_tokens_per_s": spread([c.get("left_tokens_per_s") for c in per]),
             "oracle_share_of_what_is_left": spread(oracle) if any(c.get("oracle") for c in per) else None,
             "rollplan_share_at_most": spread(at_most) if any(c.get("oracle") for c in per) else None,
             "started_oracle_share_of_what_is_left": spread([x.get("share_of_what_is_left") for x in started])
