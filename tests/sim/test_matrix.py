@@ -17,6 +17,7 @@ import pytest
 from rollplan.sim.bench_replay import (
     MATRIX_MODES,
     MATRIX_WORKLOADS,
+    below_best_other,
     matrix_scenario,
     matrix_workload,
     run_matrix,
@@ -79,6 +80,26 @@ def test_share_and_targets_by_hand(doc: dict[str, Any]) -> None:
             assert half is None
         assert c["rollplan_vs_best_other"] == pytest.approx(rp / bo, abs=1e-4)
     assert seen_share
+    below = {(b["trace"], b["mode"], b["workload"]): b for b in doc["matrix"]["summary"]["below_best_other"]}
+    for c in doc["matrix"]["cells"]:
+        key = (c["trace"], c["mode"], c["workload"])
+        assert (key in below) is (not c["targets"]["not_below_best_other"])
+        if key in below:
+            gap = c["best_other"]["tokens_per_s"] - c["tokens_per_s"]["rollplan"]
+            assert below[key]["ahead"] == c["best_other"]["policy"] and gap > 0
+            assert below[key]["by_tokens_per_s"] == pytest.approx(gap, abs=1e-3)
+
+
+def test_below_best_other_by_hand() -> None:
+    def cell(trace: str, rp: float, bo: float) -> dict[str, Any]:
+        return {"trace": trace, "mode": "async", "workload": "32x8-no-history",
+                "tokens_per_s": {"rollplan": rp, "elastic-plus": bo},
+                "best_other": {"policy": "elastic-plus", "tokens_per_s": bo},
+                "targets": {"not_below_best_other": rp >= bo}}
+
+    out = below_best_other([cell("a", 1999.6, 2000.0), cell("b", 2000.0, 2000.0), cell("c", 2100.0, 2000.0)])
+    assert out == [{"trace": "a", "mode": "async", "workload": "32x8-no-history", "ahead": "elastic-plus",
+                    "by_tokens_per_s": 0.4, "by_share": 0.0002}]
 
 
 def test_share_of_what_is_left_edges() -> None:

@@ -654,6 +654,21 @@ def matrix_cell(trace: str, mode: str, workload: MatrixWorkload, result: ReplayR
     }
 
 
+def below_best_other(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The matrix cells (``matrix_cell``) where rollplan is below the best other policy: each cell's key, the
+    policy ahead, and by how much in tokens/s and as a share of its tokens/s (so a tie within a hair reads as
+    one). Empty when the ``not_below_best_other`` target holds in every cell."""
+    out = []
+    for c in cells:
+        rp, bo = c["tokens_per_s"].get("rollplan"), c["best_other"]["tokens_per_s"]
+        if rp is None or bo is None or c["targets"]["not_below_best_other"]:
+            continue
+        out.append({"trace": c["trace"], "mode": c["mode"], "workload": c["workload"],
+                    "ahead": c["best_other"]["policy"], "by_tokens_per_s": round(bo - rp, 3),
+                    "by_share": round((bo - rp) / bo, 6) if bo else None})
+    return out
+
+
 def run_matrix(
     data_dir: str | Path,
     *,
@@ -741,6 +756,8 @@ def run_matrix(
             "summary": {
                 "cells": len(cells),
                 "not_below_best_other": sum(c["targets"]["not_below_best_other"] for c in cells),
+                # Each cell where rollplan is below the best other, and by how much (tokens/s and share of it).
+                "below_best_other": below_best_other(cells),
                 "half_of_what_is_left": f"{sum(half)}/{len(half)}",
                 "min_rollplan_vs_best_other": min(vs, default=None),
                 "all_targets_met": all(c["targets"]["not_below_best_other"] for c in cells) and all(half),

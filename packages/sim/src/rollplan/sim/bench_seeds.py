@@ -132,7 +132,8 @@ def seed_spread(runs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
         "cells": out_cells,
         "summary": {
             "per_seed": [{"seed": s, **{k: doc["matrix"]["summary"][k] for k in
-                                        ("not_below_best_other", "half_of_what_is_left", "min_rollplan_vs_best_other")}}
+                                        ("not_below_best_other", "half_of_what_is_left", "min_rollplan_vs_best_other")},
+                          "below_best_other": doc["matrix"]["summary"].get("below_best_other", [])}
                          for s, doc in runs],
             "cells": len(out_cells),
             "not_below_best_other_every_seed": sum(c["not_below_best_other"] == f"{n}/{n}" for c in out_cells),
