@@ -51,6 +51,22 @@ from rollplan.sim.replay import run_policy, swebench_bases
 from rollplan.solver.cli import main
 
 
+def _assert_true_course(tr: Any, t: Any, sim: Any) -> None:
+    """The snapshot's trajectory ``tr`` predicts the replay's trajectory ``t``'s true remaining course."""
+    dec, turns, tool, _ctx = sim.progress(t)
+    assert tr.remaining_decode_tokens.mean == pytest.approx(max(0.0, sum(t.spec.decode) - dec))
+    assert tr.remaining_tool_seconds.mean == pytest.approx(max(0.0, sum(t.spec.tool) - tool))
+    assert tr.remaining_turns.mean == max(1, t.n - turns)
+    assert tr.remaining_decode_tokens.spread == tr.remaining_tool_seconds.spread == 0.0
+
+
+def _audited_run(shared_data: Path, mode: str, audit: Any) -> Any:
+    """``audit`` replayed on a 6-minute parcae-hh window of the 32x8-no-history workload."""
+    sc = matrix_scenario(shared_data, "parcae-hh", mode, matrix_workload("32x8-no-history"),
+                         bases=swebench_bases(shared_data), window_h=0.1)
+    return run_policy(sc, audit)
+
+
 class _Audit(OracleRollplan):
     """The oracle, checking its own predictions against the replay's true courses as it makes them."""
 
@@ -73,21 +89,14 @@ class _Audit(OracleRollplan):
         snap = super().snapshot(sim)
         by_id = {t.spec.id: t for t in sim.trajs}
         for tr in snap.trajectories:
-            t = by_id[tr.id]
-            dec, turns, tool, _ctx = sim.progress(t)
-            assert tr.remaining_decode_tokens.mean == pytest.approx(max(0.0, sum(t.spec.decode) - dec))
-            assert tr.remaining_tool_seconds.mean == pytest.approx(max(0.0, sum(t.spec.tool) - tool))
-            assert tr.remaining_turns.mean == max(1, t.n - turns)
-            assert tr.remaining_decode_tokens.spread == tr.remaining_tool_seconds.spread == 0.0
+            _assert_true_course(tr, by_id[tr.id], sim)
         self.snapshots_checked += 1
         return snap
 
 
 def test_oracle_predicts_each_trajectorys_true_course(shared_data: Path) -> None:
-    sc = matrix_scenario(shared_data, "parcae-hh", "sync", matrix_workload("32x8-no-history"),
-                         bases=swebench_bases(shared_data), window_h=0.1)
     audit = _Audit()
-    run = run_policy(sc, audit)
+    run = _audited_run(shared_data, "sync", audit)
     assert run.name == ORACLE
     assert audit.keys_checked >= 32 * 8 and audit.snapshots_checked >= 2
     # Samples of one prompt differ (the workload's within-group spread): the oracle tells them apart, where
@@ -109,11 +118,9 @@ class _StartedAudit(StartedOracleRollplan):
         by_id = {t.spec.id: t for t in sim.trajs}
         for tr in snap.trajectories:
             t = by_id[tr.id]
-            dec, turns, tool, _ctx = prog = sim.progress(t)
-            if dec > 0 or turns > 0:
-                assert tr.remaining_decode_tokens.mean == pytest.approx(max(0.0, sum(t.spec.decode) - dec))
-                assert tr.remaining_tool_seconds.mean == pytest.approx(max(0.0, sum(t.spec.tool) - tool))
-                assert tr.remaining_decode_tokens.spread == tr.remaining_tool_seconds.spread == 0.0
+            prog = sim.progress(t)
+            if prog[0] > 0 or prog[1] > 0:
+                _assert_true_course(tr, t, sim)
                 self.started_checked += 1
             else:
                 own = RollplanPolicy._predict(self, sim, t.idx, prog)
@@ -124,10 +131,8 @@ class _StartedAudit(StartedOracleRollplan):
 
 
 def test_started_oracle_knows_a_trajectory_only_once_it_has_started(shared_data: Path) -> None:
-    sc = matrix_scenario(shared_data, "parcae-hh", "async", matrix_workload("32x8-no-history"),
-                         bases=swebench_bases(shared_data), window_h=0.1)
     audit = _StartedAudit()
-    run = run_policy(sc, audit)
+    run = _audited_run(shared_data, "async", audit)
     assert run.name == ORACLE_STARTED
     assert audit.pending_checked > 0 and audit.started_checked > 0
     assert ORACLE_STARTED not in POLICY_NAMES
