@@ -720,18 +720,20 @@ def run_matrix(
                 cells.append(matrix_cell(name, mode, w, res, per_batch=per_batch))
     half = [c["targets"]["half_of_what_is_left"] for c in cells if c["targets"]["half_of_what_is_left"] is not None]
     vs = [c["rollplan_vs_best_other"] for c in cells if c["rollplan_vs_best_other"] is not None]
-    # The reference's share in the target cells: how many would meet the target with perfect prediction.
-    ref = [c["oracle"]["share_of_what_is_left"] for c in cells
-           if c["oracle"] is not None and c["targets"]["half_of_what_is_left"] is not None]
-    oracle_half = f"{sum(x is not None and x >= HALF_TARGET for x in ref)}/{len(ref)}" if oracle else None
-    # The target cells where some valid ceiling could still give rollplan half (share_any_ceiling_allows).
-    most = [c["oracle"]["rollplan_share_at_most"] for c in cells
-            if c["oracle"] is not None and c["targets"]["half_of_what_is_left"] is not None]
-    reachable = f"{sum(x is not None and x >= HALF_TARGET for x in most)}/{len(most)}" if oracle else None
-    # The started oracle's share in the target cells: how many perfect in-flight knowledge would pass.
-    started = [((c["oracle"] or {}).get("started") or {}).get("share_of_what_is_left") for c in cells
-               if c["oracle"] is not None and c["targets"]["half_of_what_is_left"] is not None]
-    started_half = f"{sum(x is not None and x >= HALF_TARGET for x in started)}/{len(started)}" if oracle else None
+    targets = [c for c in cells if c["targets"]["half_of_what_is_left"] is not None]
+
+    def at_half(share: Callable[[dict[str, Any]], float | None]) -> str | None:
+        """The target cells where a reference's ``share`` is >= 0.5 ("k/n"); None without ``--oracle``."""
+        if not oracle:
+            return None
+        xs = [share(c["oracle"]) for c in targets if c["oracle"] is not None]
+        return f"{sum(x is not None and x >= HALF_TARGET for x in xs)}/{len(xs)}"
+
+    # How many target cells perfect prediction would meet; where some valid ceiling could still give rollplan
+    # half (share_any_ceiling_allows); how many perfect in-flight knowledge (the started oracle) would meet.
+    oracle_half = at_half(lambda o: o["share_of_what_is_left"])
+    reachable = at_half(lambda o: o["rollplan_share_at_most"])
+    started_half = at_half(lambda o: (o.get("started") or {}).get("share_of_what_is_left"))
     return {
         "benchmark": "replay",
         "scenario": {

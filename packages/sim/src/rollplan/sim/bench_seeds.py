@@ -62,23 +62,13 @@ def _key(cell: dict[str, Any]) -> CellKey:
     return cell["trace"], cell["mode"], cell["workload"]
 
 
-def _reachable(targets: Sequence[dict[str, Any]]) -> str | None:
-    """Of the target cells, those whose median ``rollplan_share_at_most`` is >= 0.5 ("k/n"); None without the
-    oracle reference."""
-    most = [c["rollplan_share_at_most"] for c in targets if c["rollplan_share_at_most"] is not None]
-    if not most:
+def _half_at_median(targets: Sequence[dict[str, Any]], field: str) -> str | None:
+    """Of the target cells, those whose median ``field`` (a ``spread`` of shares) is >= 0.5 ("k/n"); None
+    when no cell has it (the references were not replayed)."""
+    have = [c[field] for c in targets if c[field] is not None]
+    if not have:
         return None
-    return f"{sum(m['median'] is not None and m['median'] >= HALF_TARGET for m in most)}/{len(targets)}"
-
-
-def _started_half(targets: Sequence[dict[str, Any]]) -> str | None:
-    """Of the target cells, those whose median started-oracle share (``ORACLE_STARTED``) is >= 0.5 ("k/n");
-    None without the references."""
-    st = [c["started_oracle_share_of_what_is_left"] for c in targets
-          if c["started_oracle_share_of_what_is_left"] is not None]
-    if not st:
-        return None
-    return f"{sum(m['median'] is not None and m['median'] >= HALF_TARGET for m in st)}/{len(targets)}"
+    return f"{sum(m['median'] is not None and m['median'] >= HALF_TARGET for m in have)}/{len(targets)}"
 
 
 def seed_spread(runs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
@@ -89,7 +79,8 @@ def seed_spread(runs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
     rollplan is not below the best other and where the half target holds, as "k/n") and ``summary`` (per seed
     the matrix's own summary; the cells not below the best other in every seed; the target cells at half of
     what is left in every seed and at the median, those where some valid ceiling could give half at the
-    median, and those where the started oracle takes half at the median; the lowest r of all). Raises ``ValueError`` when the runs' cells differ (they are not one matrix)."""
+    median, and those where the started oracle takes half at the median; the lowest r of all). Raises
+    ``ValueError`` when the runs' cells differ (they are not one matrix)."""
     if not runs:
         raise ValueError("no runs to summarise")
     seeds = [s for s, _ in runs]
@@ -139,8 +130,8 @@ def seed_spread(runs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
             "not_below_best_other_every_seed": sum(c["not_below_best_other"] == f"{n}/{n}" for c in out_cells),
             "half_of_what_is_left_every_seed": f"{sum(c['half_of_what_is_left'] == f'{n}/{n}' for c in targets)}/{len(targets)}",
             "half_of_what_is_left_at_median": f"{sum(bool(c['half_at_median']) for c in targets)}/{len(targets)}",
-            "half_reachable_by_any_ceiling_at_median": _reachable(targets),
-            "started_oracle_half_at_median": _started_half(targets),
+            "half_reachable_by_any_ceiling_at_median": _half_at_median(targets, "rollplan_share_at_most"),
+            "started_oracle_half_at_median": _half_at_median(targets, "started_oracle_share_of_what_is_left"),
             "min_rollplan_vs_best_other": min(ratios, default=None),
         },
     }
