@@ -27,12 +27,14 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from rollplan.models.errors import UserInputError
+from rollplan.sim import cut_bound
 from rollplan.sim.engine import SimConfig, SimTraj
 from rollplan.sim.lending import LendingConfig, LendingSchedule, LendMode
 from rollplan.sim.metrics import common_tail_shares
@@ -159,26 +161,12 @@ def fastest_course(spec: SimTraj, decode_step: Callable[[int, float], float],
     token of a group is priced at ``decode_step(1, c0)`` with ``c0`` the group's context when its first turn
     starts decoding (prompt, every earlier token, that turn's new prefill). Prefill, queueing and engine
     starts are left out, so the course is optimistic: no policy's trajectory is ever ahead of it."""
-    pf, dec, tool = spec.prefill, spec.decode, spec.tool
-    n = len(dec)
-    ctx = float(spec.prompt_tokens)
     t = 0.0
     out: list[tuple[float, int, float]] = []
-    k = 0
-    while k < n:
-        e = k
-        while e < n - 1 and tool[e] <= fold_s:
-            e += 1
-        spt = decode_step(1, ctx + pf[k])
-        tokens = 0
-        for i in range(k, e + 1):
-            ctx += pf[i] + dec[i]
-            tokens += dec[i]
-        out.append((t, tokens, spt))
-        t += tokens * spt
-        for i in range(k, e + 1):
-            t += tool[i]
-        k = e + 1
+    for g in cut_bound.course_groups(spec, fold_s):
+        spt = decode_step(1, g.ctx0)
+        out.append((t, g.tokens, spt))
+        t += g.tokens * spt + g.tool_s
     return tuple(out), t
 
 
@@ -222,34 +210,104 @@ def batch_floors(scenario: Scenario, indices: Sequence[int]) -> dict[int, float]
     return out
 
 
+def window_gpu_seconds(scenario: Scenario, t0: float, t1: float, *, busy_s: float = 0.0) -> float:
+    """GPU-seconds any policy can have over ``[t0, t1)``: the dedicated GPUs, the trace's live ones (a GPU under
+    notice counts until it leaves) and the lent ones, less ``busy_s`` seconds at the window's start when they
+    train (an async rollout overlaps the step on the batch before it)."""
+    span = max(0.0, t1 - t0)
+    total = scenario.dedicated * span
+    if scenario.trace is not None:
+        pts = scenario.trace.gpu_count_series()
+        for (a, n), (b, _) in zip(pts, (*pts[1:], (math.inf, 0)), strict=True):
+            lo, hi = max(a, t0), min(b, t1)
+            if hi > lo:
+                total += n * (hi - lo)
+    return total + scenario.lending.gpus * max(0.0, span - busy_s)
+
+
+def coupled_cut_bound_applies(scenario: Scenario) -> bool:
+    """Whether ``cut_bound``'s physics are the scenario's: one GPU kind at tp 1 throughout, one token per
+    sequence per decode step (no speculative decoding) and no divided rollout."""
+    sim = scenario.sim
+    if sim.spec_tokens or sim.divide_tokens:
+        return False
+    if scenario.lending.gpus and scenario.lending.gpu != scenario.gpu:
+        return False
+    if scenario.trace is not None:
+        if scenario.trace.gpu != scenario.gpu:
+            return False
+        if any(sl.tp != 1 for ev in scenario.trace.events for sl in ev.slots):
+            return False
+    return True
+
+
+_ENVELOPES: dict[tuple[Any, ...], tuple[cut_bound.StepEnvelope, cut_bound.PrefillEnvelope]] = {}
+"""The envelopes of each step table the ceilings used (a pure function of the key; ~1 s to build)."""
+
+
+def cut_batch_bound(scenario: Scenario, specs: Sequence[SimTraj], start: float, per_traj: Sequence[float], *,
+                    first: bool = False) -> float:
+    """The decode tokens of the batch the window's end cuts that any policy can have by the end, the batch
+    starting no earlier than ``start``: the least of the per-trajectory bound (``per_traj``, each
+    trajectory's ``traj_tokens_by``) and, where it applies (``coupled_cut_bound_applies``), the coupled bound
+    of ``rollplan.sim.cut_bound`` over the GPU-seconds left (``window_gpu_seconds``). ``first``: the replay's
+    first batch, which no training step overlaps (async: every later rollout starts with the step on the batch
+    before it, and the lent GPUs train meanwhile)."""
+    whole = float(sum(per_traj))
+    if not specs or not coupled_cut_bound_applies(scenario):
+        return whole
+    fp = perf_factory(scenario.model, calibrated=scenario.calibrated, config=scenario.sim)(scenario.gpu, 1)
+    share = max(Counter(sp.group for sp in specs).values()) if scenario.sim.share_prompt else 1
+    most = cut_bound.max_batch(specs, fp.kv_cap, share)
+    if most > cut_bound.ENVELOPE_MAX_BATCH:
+        return whole
+    end = scenario.end_time
+    busy = scenario.lending.train_step_s if scenario.lending.mode is LendMode.ASYNC and not first else 0.0
+    key = (scenario.model, scenario.calibrated, scenario.gpu, scenario.sim.prefill_chunk, scenario.sim.mem_util, most)
+    envelopes = _ENVELOPES.get(key)
+    if envelopes is None:
+        envelopes = _ENVELOPES[key] = (
+            cut_bound.step_envelope(fp.decode, fp.max_context, fp.KV_STEP, most),
+            cut_bound.prefill_envelope(fp.prefill, fp.overlap, fp.chunk, fp.max_context, most, fp.P_STEP, fp.C_STEP))
+    env, pre = envelopes
+    got = cut_bound.cut_batch_tokens_bound(
+        specs, per_traj, env, window_s=end - start, gpu_seconds=window_gpu_seconds(scenario, start, end, busy_s=busy),
+        kv_capacity=float(fp.kv_cap), share=share, prefill=pre, fold_s=_course_fold(scenario)[1])
+    return min(whole, got)
+
+
 def throughput_ceiling(scenario: Scenario, *, max_batches: int = 10_000) -> dict[str, Any]:
     """An upper bound on any policy's throughput over ``scenario``'s window (decode tokens/s).
 
     Batch k cannot start before ``start_k`` = the previous batches' ``batch_floors`` chained through the
     training steps (sync: rollout k+1 starts when step k ends; async: when step k starts, step k waiting for
     step k-1). A batch whose floor ends within the window contributes at most all its decode tokens; the
-    batch the window's end cuts (it starts before the end, its floor ends after) at most what each of its
-    trajectories' ``fastest_course`` decodes by the end (``traj_tokens_by``: a batch that starts later gets
-    less). So no policy's decode tokens in the window exceed the sum. On windows a few batches long (the
-    1-hour Parcae segments) this bound is tight and caps every ratio a policy can reach.
+    batch the window's end cuts (it starts before the end, its floor ends after) at most ``cut_batch_bound``:
+    what each of its trajectories' ``fastest_course`` decodes by the end (``traj_tokens_by``: a batch that
+    starts later gets less), and no more than the GPUs left in the window can decode
+    (``rollplan.sim.cut_bound``). So no policy's decode tokens in the window exceed the sum. On windows a few
+    batches long (the 1-hour Parcae segments) this bound caps every ratio a policy can reach.
     Returns the bound, the batches it counts (the cut one included), the share of the last counted batch's
-    tokens it counts (1: whole) and the earliest start of the first batch it leaves out."""
+    tokens it counts (1: whole), that share under the per-trajectory bound alone (``last_batch_share_alone``)
+    and the earliest start of the first batch it leaves out."""
     end = scenario.end_time
     sched = LendingSchedule(scenario.lending)
     step = perf_factory(scenario.model, calibrated=scenario.calibrated, config=scenario.sim)(scenario.gpu, 1).decode
     fold, fold_by = _course_fold(scenario)
-    start, prev_end, tokens, k, last_share = 0.0, None, 0.0, 0, 1.0
+    start, prev_end, tokens, k, last_share, alone = 0.0, None, 0.0, 0, 1.0, 1.0
     while start < end and k < max_batches and (scenario.max_batches is None or k < scenario.max_batches):
         specs, _keys = scenario.batches.batch(k + scenario.warmup_batches)
         whole = sum(sum(sp.decode) for sp in specs)
         done = start + max((traj_floor(sp, step, fold) for sp in specs), default=0.0)
         if done > end:
-            got = sum(traj_tokens_by(sp, step, end - start, fold_by) for sp in specs)
+            per_traj = [traj_tokens_by(sp, step, end - start, fold_by) for sp in specs]
+            got = cut_batch_bound(scenario, specs, start, per_traj, first=k == 0)
             last_share = got / whole if whole else 1.0
+            alone = sum(per_traj) / whole if whole else 1.0
             tokens += got
         else:
             tokens += whole
-            last_share = 1.0
+            last_share = alone = 1.0
         if scenario.lending.mode is LendMode.SYNC:
             ts = sched.next_train_step(done)
             start = ts.end
@@ -259,7 +317,8 @@ def throughput_ceiling(scenario: Scenario, *, max_batches: int = 10_000) -> dict
         prev_end = ts.end
         k += 1
     return {"tokens_per_s": round(tokens / end, 3) if end > 0 else None, "batches": k,
-            "last_batch_share": round(last_share, 4), "next_batch_earliest_start_s": round(start, 1)}
+            "last_batch_share": round(last_share, 4), "last_batch_share_alone": round(alone, 4),
+            "next_batch_earliest_start_s": round(start, 1)}
 
 
 def per_batch_rows(result: ReplayResult) -> dict[str, Any]:
