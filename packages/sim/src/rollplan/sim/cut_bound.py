@@ -6,7 +6,8 @@ batch 1 from the batch's earliest start. Summed over a batch of 2,048 trajectori
 while the 24-40 GPUs of the bench decode ~10-20k. This module adds what that sum leaves out, for the same
 simulator physics (``rollplan.sim.engine``): a GPU runs one step at a time; a decode step of ``b`` sequences
 takes at least ``f + sum_j (m0 + kappa kv_j)`` (``StepEnvelope``, a lower envelope of the step table the
-simulator uses); each trajectory decodes one token per step it is in, and holds its KV while it decodes.
+simulator uses); the prefill a segment carries is charged to its steps (``PrefillEnvelope``); each trajectory
+decodes one token per step it is in, and holds its KV while it decodes.
 
 Notations (one cut batch; tokens, seconds):
 
@@ -19,7 +20,9 @@ Notations (one cut batch; tokens, seconds):
   tau_i(n)      the second i's n-th token is decoded along its fastest course priced by the envelope at batch 1
                 (``CourseGroup``s: each fold group's tokens at f + m0 + kappa c0, then its tool seconds)
   X_i           sum over the steps i decodes in of (b_s - 1): how many co-runners it waited on, step by step
-  M_i(n)        sum over its first n tokens of m0 + kappa c0: what they add to their steps
+  M_i(n)        sum over its first n tokens of m0 + kappa c0 (what they add to their steps) plus, per token,
+                its fold group's share of the group's prefill (the simulator spreads a segment's prefill
+                over its decode steps; the prompt counted 1/G per sample)
   K_i(n)        sum over its first n tokens of (f + m0 + kappa c0) * k_tok, k_tok = c0 - P_i + P_i / G: the
                 KV-seconds its own step time holds (the prompt's KV counted once per GPU, so 1/G of it each)
   k1_i          the least KV i holds while decoding: P_i / G plus its first turn's prefill
@@ -41,11 +44,11 @@ and the cost at its bottom (the cost rises with n), so the grid can only loosen 
 ``cut_batch_tokens_bound`` returns the least such bound over a grid of prices, never more than the
 per-trajectory sum (which is the bound at ``lam = mu = 0``).
 
-Left out, so the bound stays valid and loose: prefill (prompts, turns, re-prefill after eviction), KV held
-during tool waits, engine starts and switching, and the slowdown mixed prefill chunks add to decode steps.
-The physics it assumes are the default simulator's: no speculative decoding (a step yields one token per
-sequence) and no divided rollout; ``applies`` says when a scenario has them, and the ceiling falls back to the
-per-trajectory bound there. Pure: no I/O, no clock.
+Left out, so the bound stays valid and loose: re-prefill after eviction or a move, KV held during tool
+waits, engine starts and switching, and the slowdown mixed prefill chunks add to co-running decodes. The
+physics it assumes are the default simulator's: one GPU kind at tp 1, no speculative decoding (a step yields
+one token per sequence) and no divided rollout; ``bench_replay.coupled_cut_bound_applies`` says when a
+scenario differs, and the ceiling falls back to the per-trajectory bound there. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
