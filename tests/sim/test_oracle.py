@@ -15,7 +15,9 @@ Checked:
   exactly the rollplan policy's prediction (the same predictor state: no true length leaks before a sample
   runs), one that has started gets its true remaining course; it is reported under the cell's
   ``oracle.started`` (share and part of the oracle's gain by hand, ``share_of_gain`` by hand) and counted in
-  the summary.
+  the summary;
+- a schedule that decodes exactly the ceiling's tokens (the started oracle in one async Parcae hour) is not
+  printed above it (the ceiling is rounded up).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from rollplan.sim.bench_replay import (
     share_any_ceiling_allows,
     share_of_gain,
     share_of_what_is_left,
+    throughput_ceiling,
 )
 from rollplan.sim.policies import (
     ORACLE,
@@ -232,3 +235,16 @@ def test_no_valid_ceiling_gives_more(rp: float, bo: float, ref: float, extra: fl
     share = share_of_what_is_left(rp, bo, max(rp, ref, bo) + extra)
     if share is not None:
         assert share <= most + 1e-4
+
+
+def test_a_schedule_that_reaches_the_ceiling_is_not_printed_above_it(shared_data: Path) -> None:
+    """Seed 2's async parcae-lh hour: the started oracle decodes exactly the ceiling's tokens (30,970,431 over
+    3,600 s, 8,602.8975 tokens/s). Rounded to the nearest, the ceiling printed 8,602.897 against the run's
+    8,602.898; rounded up, the printed bound stays at least every printed throughput."""
+    sc = matrix_scenario(shared_data, "parcae-lh", "async", matrix_workload("128x16-history"),
+                         bases=swebench_bases(shared_data), seed=2)
+    ceiling = throughput_ceiling(sc)["tokens_per_s"]
+    for name in (ORACLE_STARTED, "rollplan"):
+        tps = run_policy(sc, make_policy(name)).summary["throughput_tokens_per_s"]
+        assert tps <= ceiling, (name, tps, ceiling)
+        assert ceiling - tps < 5.0, (name, tps, ceiling)  # this cell is tight: both reach the ceiling
