@@ -244,7 +244,7 @@ def test_a_schedule_that_reaches_the_ceiling_is_not_printed_above_it(shared_data
     sc = matrix_scenario(shared_data, "parcae-lh", "async", matrix_workload("128x16-history"),
                          bases=swebench_bases(shared_data), seed=2)
     ceiling = throughput_ceiling(sc)["tokens_per_s"]
-    for name in (ORACLE_STARTED, "rollplan"):
-        tps = run_policy(sc, make_policy(name)).summary["throughput_tokens_per_s"]
-        assert tps <= ceiling, (name, tps, ceiling)
-        assert ceiling - tps < 5.0, (name, tps, ceiling)  # this cell is tight: both reach the ceiling
+    tps = {name: run_policy(sc, make_policy(name)).summary["throughput_tokens_per_s"]
+           for name in (ORACLE_STARTED, "rollplan")}
+    assert all(v <= ceiling for v in tps.values()), (tps, ceiling)
+    assert ceiling - tps[ORACLE_STARTED] < 0.01, (tps, ceiling)  # the edge this test is about: a run at the bound

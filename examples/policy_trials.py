@@ -1,0 +1,251 @@
+"""Trial variants of the rollplan policy's dispatch and admission, replayed on the bench's matrix cells.
+
+How a developer checks an idea before it goes into the decision core (``rollplan.policy``): subclass the
+simulator's policy, replay the same cells, compare tokens/s. Each variant below was tried on issue 18's
+``128x16-history`` cells and not adopted (docs/simulator.md, "Sessions 22 and 23's trials"); this script
+reproduces those figures:
+
+    .venv/bin/python examples/policy_trials.py --cells parcae-hh:async:0,bamboo-p3:async:2 --json
+
+Variants (``TRIALS``; ``rollplan`` / ``elastic-plus``: the policies as they are):
+
+- ``growth`` / ``growth-2`` / ``growth-0.5``: a slot admits a sample that is not predicted-critical when what
+  stays free covers its residents' predicted next turn (new prefill and decode tokens), times 1 / 2 / 0.5,
+  instead of ``KV_HEADROOM`` / ``BULK_HEADROOM`` (the critical slots keep ``CRITICAL_HEADROOM``).
+- ``resume`` / ``elastic-plus-resume``: a sample that has started (its KV evicted in a tool call, or its GPU
+  gone) is dispatched before every unstarted one, as vLLM resumes a preempted request first.
+- ``flat-bulk``: in the bulk regime every slot keeps the bulk headroom, the critical slots included.
+- ``expected-critical``: the predicted-critical set sized per group of siblings by the expected number of
+  them whose path reaches ``CRITICAL_SHARE`` of the longest (normal paths of the predicted mean and spread).
+
+Each replay is deterministic; cells run in ``--jobs`` worker processes. Prints one JSON document (``--json``)
+or a table: tokens/s per cell and variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing import Pool
+from pathlib import Path
+from typing import Any
+
+from rollplan.models.errors import UserInputError
+from rollplan.policy.dispatch import Headrooms, critical_set, required_room
+from rollplan.sim.bench_replay import BENCH_TRACES, MATRIX_MODES, matrix_scenario, matrix_workload
+from rollplan.sim.policies import DECODING, ElasticPlus, RollplanPolicy, follows_plan, make_policy
+from rollplan.sim.replay import run_policy
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+STARTED_FIRST = 1e12
+"""Added to a started sample's dispatch key (``resume``): larger than any path in seconds, so it sorts first."""
+
+
+class GrowthReserve(RollplanPolicy):
+    """``growth``: admission keeps the residents' predicted next-turn KV free (``scale`` times)."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.scale = scale
+        self._growth: dict[int, float] = {}
+
+    def _predict(self, sim: Any, j: int, progress: Any = None, pf_done: Any = None) -> Any:
+        rem = super()._predict(sim, j, progress, pf_done)
+        turns = rem[3]
+        self._growth[j] = min(1.0, max(0.0, turns - 1.0)) * (rem[0] + rem[1]) / max(turns, 1.0)
+        return rem
+
+    def choose_slot(self, sim: Any, j: int) -> int | None:
+        t = sim.trajs[j]
+        need = sim.need_new(t)
+        crit = self._critical()
+        hi = self.headrooms.levels(self._bulk_bound)[0]  # the critical slots' (j itself critical: everywhere)
+        crit_slots = set() if j in crit else self._critical_slots(sim, crit)
+
+        def room_needed(s: Any) -> float:
+            reserve = min(self.scale * sum(self._growth.get(r, 0.0) for r in s.residents),
+                          max(0, s.kv_cap - s.watermark - need))
+            if j in crit or s.idx in crit_slots:
+                return max(reserve, required_room(hi, s.kv_cap, s.watermark, need))
+            return reserve
+
+        def room(s: Any) -> float:
+            return s.kv_free - s.watermark + sim.prefix_bonus(s, t) - need
+
+        if t.preferred >= 0 and follows_plan(j in self._informed):
+            s = sim.slots[t.preferred]
+            if s.present and s.role in DECODING and s.ready_at <= sim.now and room(s) >= room_needed(s):
+                return self._admit(j, s.idx, crit)
+        best = None  # the fewest residents, then the most free KV; the first of equals (as the policy's loop)
+        for s in self.candidates(sim):
+            if room(s) >= room_needed(s) and (best is None or s.n_res < best.n_res
+                                              or (s.n_res == best.n_res and s.kv_free > best.kv_free)):
+                best = s
+        return None if best is None else self._admit(j, best.idx, crit)
+
+
+def started_first(base: type[RollplanPolicy]) -> type[RollplanPolicy]:
+    """``resume``: ``base`` with started samples ahead of unstarted ones in its dispatch heap."""
+
+    class StartedFirst(base):  # type: ignore[valid-type, misc]
+        def enqueued(self, sim: Any, j: int) -> None:
+            super().enqueued(sim, j)
+            t = sim.trajs[j]
+            if t.t_start >= 0:  # a second entry ahead of the first; the stale one is skipped by ``order``
+                heapq.heappush(self._heap, (-self._cp.get(j, 0.0) - STARTED_FIRST, t.pseq, j))
+
+        def _rebuild_heap(self, sim: Any) -> None:
+            trajs = sim.trajs
+            self._heap = [(-self._cp.get(j, 0.0) - (STARTED_FIRST if trajs[j].t_start >= 0 else 0.0),
+                           trajs[j].pseq, j) for j in sim.iter_pending()]
+            heapq.heapify(self._heap)
+
+    StartedFirst.name = base.name
+    return StartedFirst
+
+
+@dataclass(frozen=True, slots=True)
+class FlatBulkHeadrooms(Headrooms):
+    """``flat-bulk``: in the bulk regime the critical slots keep the others' (bulk) headroom too."""
+
+    def levels(self, bulk_bound: bool) -> tuple[float, float]:
+        hi, lo = Headrooms.levels(self, bulk_bound)
+        return (lo, lo) if bulk_bound else (hi, lo)
+
+
+class FlatBulk(RollplanPolicy):
+    def __init__(self) -> None:
+        super().__init__()
+        h = self.headrooms
+        self.headrooms = FlatBulkHeadrooms(h.default, h.bulk, h.critical)
+
+
+class ExpectedCritical(RollplanPolicy):
+    """``expected-critical``: per group, only the expected count of candidates is predicted-critical."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._mu: dict[int, float] = {}
+        self._sd: dict[int, float] = {}
+
+    def _predict(self, sim: Any, j: int, progress: Any = None, pf_done: Any = None) -> Any:
+        rem = super()._predict(sim, j, progress, pf_done)
+        a = self._a_ref
+        self._mu[j] = rem[0] * a + rem[2]
+        self._sd[j] = rem[4][0] * a + rem[4][2]
+        return rem
+
+    def enqueued(self, sim: Any, j: int) -> None:
+        super().enqueued(sim, j)
+        self._crit = None  # recomputed by ``_critical`` (the base adds to it in place)
+
+    def _critical(self) -> set[int]:
+        if self._crit is None:
+            cp, informed = self._cp, self._informed
+            self._cp_max = max((v for k, v in cp.items() if k in informed), default=0.0)
+            thr = self.critical_share * self._cp_max
+            trajs = self.sim.trajs
+            groups: dict[str, list[int]] = {}
+            for j in critical_set(cp, self.critical_share, informed):
+                groups.setdefault(trajs[j].group, []).append(j)
+            out: set[int] = set()
+            for js in groups.values():
+                expected = sum(1.0 if self._sd.get(k, 0.0) <= 0 else
+                               0.5 * math.erfc((thr - self._mu.get(k, cp[k])) / self._sd[k] / math.sqrt(2.0))
+                               for k in js)
+                js.sort(key=lambda k: (trajs[k].slot < 0, -cp[k], k))
+                out.update(js[:max(1, math.ceil(expected - 1e-9))])
+            self._crit = out
+            self._crit_slots_at = -1.0
+        return self._crit
+
+
+TRIALS: dict[str, Callable[[], Any]] = {
+    "rollplan": lambda: make_policy("rollplan"),
+    "elastic-plus": lambda: make_policy("elastic-plus"),
+    "growth": lambda: GrowthReserve(1.0),
+    "growth-2": lambda: GrowthReserve(2.0),
+    "growth-0.5": lambda: GrowthReserve(0.5),
+    "resume": lambda: started_first(RollplanPolicy)(),
+    "elastic-plus-resume": lambda: started_first(ElasticPlus)(),
+    "flat-bulk": FlatBulk,
+    "expected-critical": ExpectedCritical,
+}
+
+
+def parse_cells(text: str) -> list[tuple[str, str, int]]:
+    """``trace:mode:seed`` items, comma separated; ``UserInputError`` naming the bad item."""
+    traces = {t[0] for t in BENCH_TRACES}
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        parts = item.split(":")
+        if len(parts) != 3 or parts[0] not in traces or parts[1] not in MATRIX_MODES or not parts[2].isdigit():
+            raise UserInputError(f"--cells: bad cell {item!r}",
+                                 fix=f"write trace:mode:seed, trace in {sorted(traces)}, mode in {list(MATRIX_MODES)}")
+        out.append((parts[0], parts[1], int(parts[2])))
+    if not out:
+        raise UserInputError("--cells is empty", fix="name at least one trace:mode:seed")
+    return out
+
+
+def parse_trials(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    for n in names:
+        if n not in TRIALS:
+            raise UserInputError(f"--trials: unknown trial {n!r}", fix=f"use some of {list(TRIALS)}")
+    return names
+
+
+def run_one(job: tuple[str, str, int, str, str, float | None]) -> dict[str, Any]:
+    """One variant's replay of one ``128x16-history`` cell (``window_h``: the window cut to that many hours)."""
+    trace, mode, seed, trial, data, window_h = job
+    sc = matrix_scenario(Path(data), trace, mode, matrix_workload("128x16-history"), seed=seed, window_h=window_h)
+    s = run_policy(sc, TRIALS[trial]()).summary
+    return {"trace": trace, "mode": mode, "seed": seed, "trial": trial,
+            "tokens_per_s": s["throughput_tokens_per_s"], "batches": s["batches_completed"],
+            "evictions": s.get("counters", {}).get("evictions", 0)}
+
+
+def run_trials(data: Path, cells: Sequence[tuple[str, str, int]], trials: Sequence[str], *, jobs: int = 2,
+               window_h: float | None = None) -> list[dict[str, Any]]:
+    """Every trial on every cell, in cell then trial order."""
+    work = [(c[0], c[1], c[2], t, str(data), window_h) for c in cells for t in trials]
+    if jobs > 1:
+        with Pool(jobs, maxtasksperchild=1) as pool:
+            return pool.map(run_one, work)
+    return [run_one(w) for w in work]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder (../shared/data)")
+    ap.add_argument("--cells", default="parcae-hh:async:0,bamboo-p3:async:2,bamboo-g4dn:async:0,bamboo-p3:sync:0")
+    ap.add_argument("--trials", default=",".join(TRIALS))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--window-h", type=float, default=None, help="cut each window to its first hours")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        cells, trials = parse_cells(args.cells), parse_trials(args.trials)
+        if not args.data.is_dir():
+            raise UserInputError(f"--data: no folder {args.data}", fix="pass the shared data folder (../shared/data)")
+    except UserInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = run_trials(args.data, cells, trials, jobs=args.jobs, window_h=args.window_h)
+    if args.json:
+        print(json.dumps({"trials": rows}, indent=1))
+    else:
+        for r in rows:
+            print(f"{r['trace']:12} {r['mode']:5} {r['seed']}  {r['trial']:20} {r['tokens_per_s']:10.1f}  "
+                  f"batches {r['batches']:3}  evictions {r['evictions']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

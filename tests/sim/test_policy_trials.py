@@ -1,0 +1,89 @@
+"""``examples/policy_trials.py``: the trial variants of the rollplan policy behind docs/simulator.md's
+"Sessions 22 and 23's trials".
+
+Checked: every method a variant overrides exists on the policy it extends (a renamed hook would turn the
+variant silently into the plain policy); every variant replays a cut window of a bench cell, and the plain
+``rollplan`` / ``elastic-plus`` rows are those policies' own replays; the ``resume`` variant dispatches a
+started sample ahead of unstarted ones; bad ``--cells`` / ``--trials`` give a one-line error and exit 2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from rollplan.sim.bench_replay import matrix_scenario, matrix_workload
+from rollplan.sim.policies import ElasticPlus, RollplanPolicy, make_policy
+from rollplan.sim.replay import run_policy
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "policy_trials.py"
+
+
+@pytest.fixture(scope="module")
+def trials() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("policy_trials", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["policy_trials"] = mod  # dataclasses resolve their module by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_override_has_a_base_method(trials: ModuleType) -> None:
+    classes = [trials.GrowthReserve, trials.FlatBulkHeadrooms, trials.ExpectedCritical,
+               trials.started_first(RollplanPolicy), trials.started_first(ElasticPlus)]
+    for cls in classes:
+        base = cls.__mro__[1]
+        own = [k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")]
+        assert own, cls  # each replaces at least one of its base's methods
+        for name in own:
+            assert hasattr(base, name), (cls.__name__, name)
+    # The attributes the variants read or replace exist on a fresh policy.
+    p = RollplanPolicy()
+    for attr in ("_heap", "_cp", "_crit", "_informed", "_a_ref", "headrooms", "critical_share"):
+        assert hasattr(p, attr), attr
+
+
+def test_every_trial_replays_a_cut_window(shared_data: Path, trials: ModuleType) -> None:
+    rows = trials.run_trials(shared_data, [("parcae-hh", "async", 0)], list(trials.TRIALS), jobs=1, window_h=0.1)
+    assert [r["trial"] for r in rows] == list(trials.TRIALS)
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    sc = matrix_scenario(shared_data, "parcae-hh", "async", matrix_workload("128x16-history"), window_h=0.1)
+    by = {r["trial"]: r["tokens_per_s"] for r in rows}
+    for name in ("rollplan", "elastic-plus"):
+        assert by[name] == run_policy(sc, make_policy(name)).summary["throughput_tokens_per_s"]
+
+
+def test_resume_dispatches_started_samples_first(shared_data: Path, trials: ModuleType) -> None:
+    seen: list[tuple[bool, bool]] = []  # (the first yielded is started, some pending sample is started)
+
+    class Probe(trials.started_first(RollplanPolicy)):  # type: ignore[misc]
+        def order(self, sim):  # type: ignore[no-untyped-def]
+            it = super().order(sim)
+            first = next(iter(it), None)
+            if first is not None:
+                pend = list(sim.iter_pending())
+                seen.append((sim.trajs[first].t_start >= 0, any(sim.trajs[k].t_start >= 0 for k in pend)))
+            return super().order(sim)
+
+    sc = matrix_scenario(shared_data, "parcae-hh", "async", matrix_workload("128x16-history"), window_h=0.2)
+    run_policy(sc, Probe())
+    with_started = [first for first, any_started in seen if any_started]
+    assert with_started, "no sample was re-queued after starting in this window"
+    assert all(with_started)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--cells", "parcae-hh:weekly:0"], "--cells: bad cell"),
+    (["--cells", "nope:async:0"], "--cells: bad cell"),
+    (["--trials", "rollplan,magic"], "unknown trial 'magic'"),
+])
+def test_bad_input_is_one_line(trials: ModuleType, capsys: pytest.CaptureFixture[str], args: list[str],
+                               needle: str) -> None:
+    assert trials.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err
