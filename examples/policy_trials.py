@@ -17,6 +17,20 @@ Variants (``TRIALS``; ``rollplan`` / ``elastic-plus``: the policies as they are)
 - ``flat-bulk``: in the bulk regime every slot keeps the bulk headroom, the critical slots included.
 - ``expected-critical``: the predicted-critical set sized per group of siblings by the expected number of
   them whose path reaches ``CRITICAL_SHARE`` of the longest (normal paths of the predicted mean and spread).
+- ``affinity`` / ``elastic-plus-affinity``: prefix-aware placement (as a cache-aware router would route): a
+  sample that is not predicted-critical and that the plan does not place starts, where it can, on the
+  admitting slot whose resident siblings already hold the most of its prompt (fewest residents, then most
+  free KV, among equals); otherwise as the policy does.
+
+Diagnostics (the figures docs/simulator.md quotes for these trials):
+
+- ``--per-batch``: each replay's rollout seconds per batch (None: the batch the window's end cuts).
+- ``--hold-h H``: the window runs H hours past the trace's end, the last availability held (an assumption,
+  not trace data): shows how long the batch the trace's end cuts takes each variant to finish.
+- ``--timeline S``: every S simulated seconds (at the policy's next invocation), the replay's running and
+  pending samples, decoding slots and their mean KV occupancy, and for the rollplan policy's admission (not
+  elastic-plus's) the predicted-critical samples, the slots hosting one, the mean KV occupancy of those slots
+  and of the others, and the admission regime.
 
 Each replay is deterministic; cells run in ``--jobs`` worker processes. Prints one JSON document (``--json``)
 or a table: tokens/s per cell and variant.
@@ -30,7 +44,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
@@ -40,6 +54,7 @@ from rollplan.policy.dispatch import Headrooms, critical_set, required_room
 from rollplan.sim.bench_replay import BENCH_TRACES, MATRIX_MODES, matrix_scenario, matrix_workload
 from rollplan.sim.policies import DECODING, ElasticPlus, RollplanPolicy, follows_plan, make_policy
 from rollplan.sim.replay import run_policy
+from rollplan.sim.state import DONE
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 STARTED_FIRST = 1e12
@@ -165,6 +180,57 @@ class ExpectedCritical(RollplanPolicy):
         return self._crit
 
 
+def shared_prefix_slot(cands: Sequence[Any], sim: Any, t: Any, admits: Callable[[Any], bool]) -> Any | None:
+    """``affinity``: among ``cands`` that ``admits``, the slot whose resident siblings hold the most of ``t``'s
+    prompt (``Simulator.prefix_bonus`` > 0), then the fewest residents, then the most free KV; None if no
+    admitting slot holds any of it."""
+    best, best_key = None, None
+    for s in cands:
+        bonus = sim.prefix_bonus(s, t)
+        if bonus <= 0 or not admits(s):
+            continue
+        key = (-bonus, s.n_res, -s.kv_free)
+        if best_key is None or key < best_key:
+            best, best_key = s, key
+    return best
+
+
+class Affinity(RollplanPolicy):
+    """``affinity``: the plan's slot first (as the policy), then the slot sharing the prompt, then as the policy."""
+
+    def choose_slot(self, sim: Any, j: int) -> int | None:
+        t = sim.trajs[j]
+        crit = self._critical()
+        if j in crit:
+            return super().choose_slot(sim, j)
+        if t.preferred >= 0 and follows_plan(j in self._informed):
+            got = super().choose_slot(sim, j)  # j is not critical: no side effect on the critical slots
+            if got == t.preferred:
+                return got
+        need = sim.need_new(t)
+        hi, lo = self.headrooms.levels(self._bulk_bound)
+        crit_slots = self._critical_slots(sim, crit)
+
+        def admits(s: Any) -> bool:
+            room = s.kv_free - s.watermark + sim.prefix_bonus(s, t) - need
+            return room >= required_room(hi if s.idx in crit_slots else lo, s.kv_cap, s.watermark, need)
+
+        s = shared_prefix_slot(self.candidates(sim), sim, t, admits)
+        return self._admit(j, s.idx, crit) if s is not None else super().choose_slot(sim, j)
+
+
+class ElasticPlusAffinity(ElasticPlus):
+    """``elastic-plus-affinity``: elastic-plus placing a sample where its siblings hold its prompt, under vLLM's
+    admission (evictable tool-call KV counts as free), else as elastic-plus."""
+
+    def choose_slot(self, sim: Any, j: int) -> int | None:
+        t = sim.trajs[j]
+        need = sim.need_new(t)
+        s = shared_prefix_slot(self.candidates(sim), sim, t,
+                               lambda s: sim.free_for_new(s) + sim.prefix_bonus(s, t) >= need)
+        return s.idx if s is not None else super().choose_slot(sim, j)
+
+
 TRIALS: dict[str, Callable[[], Any]] = {
     "rollplan": lambda: make_policy("rollplan"),
     "elastic-plus": lambda: make_policy("elastic-plus"),
@@ -175,7 +241,50 @@ TRIALS: dict[str, Callable[[], Any]] = {
     "elastic-plus-resume": lambda: started_first(ElasticPlus)(),
     "flat-bulk": FlatBulk,
     "expected-critical": ExpectedCritical,
+    "affinity": Affinity,
+    "elastic-plus-affinity": ElasticPlusAffinity,
 }
+
+
+def timeline_probe(policy: Any, every_s: float, rows: list[dict[str, Any]]) -> Any:
+    """``policy`` (a fresh trial policy) sampled into ``rows`` at its invocations, at most every ``every_s``
+    simulated seconds (``--timeline``); the replay's decisions are unchanged."""
+    base = type(policy)
+    last = [-math.inf]
+
+    def sample(sim: Any) -> None:
+        if sim.now - last[0] < every_s:
+            return
+        last[0] = sim.now
+        states = [t.state for t in sim.trajs]
+        dec = [s for s in sim.live if s.role in DECODING]
+        occ = {s.idx: 1.0 - s.kv_free / s.kv_cap for s in dec}
+        row: dict[str, Any] = {"t": round(sim.now, 1), "batch": sim.batch, "running": sum(s.n_run for s in dec),
+                               "pending": sim.n_pending, "decoding_slots": len(dec),
+                               "kv_slots": round(sum(occ.values()) / len(occ), 3) if occ else None}
+        if isinstance(policy, RollplanPolicy) and not isinstance(policy, ElasticPlus):  # its admission's split
+            crit = policy._critical()
+            cslots = policy._critical_slots(sim, crit)
+            on = [v for k, v in occ.items() if k in cslots]
+            off = [v for k, v in occ.items() if k not in cslots]
+            row.update(critical=sum(1 for j in crit if states[j] != DONE), critical_slots=len(on),
+                       kv_critical_slots=round(sum(on) / len(on), 3) if on else None,
+                       kv_other_slots=round(sum(off) / len(off), 3) if off else None,
+                       regime="bulk" if policy._bulk_bound else "critical path")
+        rows.append(row)
+
+    class Probed(base):  # type: ignore[valid-type, misc]
+        def on_replan(self, sim: Any, reason: str) -> None:
+            super().on_replan(sim, reason)
+            sample(sim)
+
+        def on_traj_done(self, sim: Any, j: int) -> None:
+            super().on_traj_done(sim, j)
+            sample(sim)
+
+    Probed.name = base.name
+    policy.__class__ = Probed
+    return policy
 
 
 def parse_cells(text: str) -> list[tuple[str, str, int]]:
@@ -201,20 +310,40 @@ def parse_trials(text: str) -> list[str]:
     return names
 
 
-def run_one(job: tuple[str, str, int, str, str, float | None]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Diagnostics:
+    """What a replay reports beside tokens/s (see the module docstring)."""
+
+    per_batch: bool = False
+    hold_h: float | None = None
+    timeline_s: float | None = None
+
+
+def run_one(job: tuple[str, str, int, str, str, float | None, Diagnostics]) -> dict[str, Any]:
     """One variant's replay of one ``128x16-history`` cell (``window_h``: the window cut to that many hours)."""
-    trace, mode, seed, trial, data, window_h = job
+    trace, mode, seed, trial, data, window_h, diag = job
     sc = matrix_scenario(Path(data), trace, mode, matrix_workload("128x16-history"), seed=seed, window_h=window_h)
-    s = run_policy(sc, TRIALS[trial]()).summary
-    return {"trace": trace, "mode": mode, "seed": seed, "trial": trial,
-            "tokens_per_s": s["throughput_tokens_per_s"], "batches": s["batches_completed"],
-            "evictions": s.get("counters", {}).get("evictions", 0)}
+    if diag.hold_h is not None:
+        sc = replace(sc, duration_s=sc.end_time + diag.hold_h * 3600.0)
+    policy = TRIALS[trial]()
+    timeline: list[dict[str, Any]] = []
+    if diag.timeline_s is not None:
+        policy = timeline_probe(policy, diag.timeline_s, timeline)
+    s = run_policy(sc, policy).summary
+    row = {"trace": trace, "mode": mode, "seed": seed, "trial": trial,
+           "tokens_per_s": s["throughput_tokens_per_s"], "batches": s["batches_completed"],
+           "evictions": s.get("counters", {}).get("evictions", 0)}
+    if diag.per_batch:
+        row["rollout_s"] = [b["rollout_s"] for b in s["batches"]]
+    if diag.timeline_s is not None:
+        row["timeline"] = timeline
+    return row
 
 
 def run_trials(data: Path, cells: Sequence[tuple[str, str, int]], trials: Sequence[str], *, jobs: int = 2,
-               window_h: float | None = None) -> list[dict[str, Any]]:
+               window_h: float | None = None, diagnostics: Diagnostics = Diagnostics()) -> list[dict[str, Any]]:
     """Every trial on every cell, in cell then trial order."""
-    work = [(c[0], c[1], c[2], t, str(data), window_h) for c in cells for t in trials]
+    work = [(c[0], c[1], c[2], t, str(data), window_h, diagnostics) for c in cells for t in trials]
     if jobs > 1:
         with Pool(jobs, maxtasksperchild=1) as pool:
             return pool.map(run_one, work)
@@ -228,22 +357,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--trials", default=",".join(TRIALS))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--window-h", type=float, default=None, help="cut each window to its first hours")
+    ap.add_argument("--per-batch", action="store_true", help="each replay's rollout seconds per batch")
+    ap.add_argument("--hold-h", type=float, default=None,
+                    help="run this many hours past the trace's end, its last availability held")
+    ap.add_argument("--timeline", type=float, default=None, metavar="SECONDS",
+                    help="sample each replay's state every SECONDS of simulated time")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
         cells, trials = parse_cells(args.cells), parse_trials(args.trials)
         if not args.data.is_dir():
             raise UserInputError(f"--data: no folder {args.data}", fix="pass the shared data folder (../shared/data)")
+        for flag, v in (("--hold-h", args.hold_h), ("--timeline", args.timeline)):
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise UserInputError(f"{flag} must be a positive number, got {v}", fix=f"pass {flag} > 0 or leave it out")
+        if args.hold_h is not None and args.window_h is not None:
+            raise UserInputError("--hold-h and --window-h both given", fix="cut the window or extend it, not both")
     except UserInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rows = run_trials(args.data, cells, trials, jobs=args.jobs, window_h=args.window_h)
+    rows = run_trials(args.data, cells, trials, jobs=args.jobs, window_h=args.window_h,
+                      diagnostics=Diagnostics(args.per_batch, args.hold_h, args.timeline))
     if args.json:
         print(json.dumps({"trials": rows}, indent=1))
     else:
         for r in rows:
-            print(f"{r['trace']:12} {r['mode']:5} {r['seed']}  {r['trial']:20} {r['tokens_per_s']:10.1f}  "
+            print(f"{r['trace']:12} {r['mode']:5} {r['seed']}  {r['trial']:21} {r['tokens_per_s']:10.1f}  "
                   f"batches {r['batches']:3}  evictions {r['evictions']}")
+            if "rollout_s" in r:
+                print("    rollout s per batch: " + ", ".join("cut" if x is None else f"{x:.1f}" for x in r["rollout_s"]))
+            if "timeline" in r:
+                print(f"    timeline: {len(r['timeline'])} samples (--json prints them)")
     return 0
 
 

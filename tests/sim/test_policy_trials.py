@@ -4,15 +4,19 @@
 Checked: every method a variant overrides exists on the policy it extends (a renamed hook would turn the
 variant silently into the plain policy); every variant replays a cut window of a bench cell, and the plain
 ``rollplan`` / ``elastic-plus`` rows are those policies' own replays; the ``resume`` variant dispatches a
-started sample ahead of unstarted ones; bad ``--cells`` / ``--trials`` give a one-line error and exit 2.
+started sample ahead of unstarted ones; ``affinity`` picks the admitting slot holding the most of the
+sample's prompt; ``--hold-h`` leaves every batch before the trace's end as it was and finishes the cut one;
+``--timeline`` samples at the interval asked, its critical split only for the rollplan admission; bad
+``--cells`` / ``--trials`` / ``--hold-h`` / ``--timeline`` give a one-line error and exit 2.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -35,7 +39,8 @@ def trials() -> ModuleType:
 
 def test_every_override_has_a_base_method(trials: ModuleType) -> None:
     classes = [trials.GrowthReserve, trials.FlatBulkHeadrooms, trials.ExpectedCritical,
-               trials.started_first(RollplanPolicy), trials.started_first(ElasticPlus)]
+               trials.started_first(RollplanPolicy), trials.started_first(ElasticPlus), trials.Affinity,
+               trials.ElasticPlusAffinity]
     for cls in classes:
         base = cls.__mro__[1]
         own = [k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")]
@@ -44,8 +49,24 @@ def test_every_override_has_a_base_method(trials: ModuleType) -> None:
             assert hasattr(base, name), (cls.__name__, name)
     # The attributes the variants read or replace exist on a fresh policy.
     p = RollplanPolicy()
-    for attr in ("_heap", "_cp", "_crit", "_informed", "_a_ref", "headrooms", "critical_share"):
+    for attr in ("_heap", "_cp", "_crit", "_informed", "_a_ref", "headrooms", "critical_share", "_bulk_bound"):
         assert hasattr(p, attr), attr
+
+
+def test_affinity_picks_the_admitting_slot_holding_most_of_the_prompt(trials: ModuleType) -> None:
+    def slot(i: int, held: int, n_res: int, kv_free: int) -> SimpleNamespace:
+        return SimpleNamespace(idx=i, held=held, n_res=n_res, kv_free=kv_free)
+
+    sim = SimpleNamespace(prefix_bonus=lambda s, t: min(s.held, t.share))
+    t = SimpleNamespace(share=1000)
+    slots = [slot(0, 0, 0, 900), slot(1, 400, 5, 100), slot(2, 1000, 9, 50), slot(3, 1000, 3, 60),
+             slot(4, 1000, 3, 70), slot(5, 2000, 1, 500)]
+    pick = trials.shared_prefix_slot
+    # The most shared prompt (capped at the sample's own), then the fewest residents, then the most free KV;
+    # slot 5 holds more than the sample's prompt but does not admit it.
+    assert pick(slots, sim, t, lambda s: s.idx != 5).idx == 4
+    assert pick(slots, sim, t, lambda s: s.idx in (0, 1)).idx == 1
+    assert pick(slots, sim, t, lambda s: s.idx == 0) is None  # no sibling there: the policy's own choice
 
 
 def test_every_trial_replays_a_cut_window(shared_data: Path, trials: ModuleType) -> None:
@@ -77,10 +98,37 @@ def test_resume_dispatches_started_samples_first(shared_data: Path, trials: Modu
     assert all(with_started)
 
 
+def test_hold_keeps_the_window_and_finishes_the_cut_batch(shared_data: Path, trials: ModuleType) -> None:
+    cell = [("parcae-hh", "async", 0)]
+    plain, held = (trials.run_trials(shared_data, cell, ["rollplan"], jobs=1, diagnostics=trials.Diagnostics(
+        per_batch=True, hold_h=h))[0]["rollout_s"] for h in (None, 0.5))
+    assert plain[-1] is None  # the hour's end cuts a batch
+    assert held[:len(plain) - 1] == plain[:-1]  # the policy does not see where the trace ends
+    assert held[len(plain) - 1] is not None
+
+
+def test_timeline_samples_at_the_interval(shared_data: Path, trials: ModuleType) -> None:
+    rows = trials.run_trials(shared_data, [("parcae-hh", "async", 0)], ["rollplan", "elastic-plus"], jobs=1,
+                             window_h=0.2, diagnostics=trials.Diagnostics(timeline_s=60.0))
+    for r in rows:
+        tl = r["timeline"]
+        assert len(tl) >= 5
+        assert all(b["t"] - a["t"] >= 60.0 - 0.1 for a, b in itertools.pairwise(tl))
+        assert all(0.0 <= x["kv_slots"] <= 1.0 for x in tl if x["kv_slots"] is not None)
+        assert any(x["running"] > 0 for x in tl) and any(x["pending"] > 0 for x in tl)
+    rp, ep = (r["timeline"] for r in rows)
+    assert all("regime" not in x for x in ep)  # elastic-plus has no critical split
+    assert {x["regime"] for x in rp} <= {"bulk", "critical path"}
+    assert any(x["critical_slots"] > 0 and x["kv_critical_slots"] is not None for x in rp)
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--cells", "parcae-hh:weekly:0"], "--cells: bad cell"),
     (["--cells", "nope:async:0"], "--cells: bad cell"),
     (["--trials", "rollplan,magic"], "unknown trial 'magic'"),
+    (["--hold-h", "-1"], "--hold-h must be a positive number"),
+    (["--timeline", "0"], "--timeline must be a positive number"),
+    (["--hold-h", "1", "--window-h", "0.5"], "--hold-h and --window-h both given"),
 ])
 def test_bad_input_is_one_line(trials: ModuleType, capsys: pytest.CaptureFixture[str], args: list[str],
                                needle: str) -> None:
