@@ -2,8 +2,8 @@
 
 How a developer checks an idea before it goes into the decision core (``rollplan.policy``): subclass the
 simulator's policy, replay the same cells, compare tokens/s. Each variant below was tried on issue 18's
-``128x16-history`` cells and not adopted (docs/simulator.md, "Sessions 22 and 23's trials"); this script
-reproduces those figures:
+``128x16-history`` cells and not adopted (docs/simulator.md, "Sessions 22 and 23's trials" and "Session
+24's trials and diagnostics"); this script reproduces those figures:
 
     .venv/bin/python examples/policy_trials.py --cells parcae-hh:async:0,bamboo-p3:async:2 --json
 

@@ -1,5 +1,5 @@
 """``examples/policy_trials.py``: the trial variants of the rollplan policy behind docs/simulator.md's
-"Sessions 22 and 23's trials".
+"Sessions 22 and 23's trials" and "Session 24's trials and diagnostics".
 
 Checked: every method a variant overrides exists on the policy it extends (a renamed hook would turn the
 variant silently into the plain policy); every variant replays a cut window of a bench cell, and the plain
