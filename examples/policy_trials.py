@@ -21,12 +21,17 @@ Variants (``TRIALS``; ``rollplan`` / ``elastic-plus``: the policies as they are)
   sample that is not predicted-critical and that the plan does not place starts, where it can, on the
   admitting slot whose resident siblings already hold the most of its prompt (fewest residents, then most
   free KV, among equals); otherwise as the policy does.
+- ``critical-share-0.75`` / ``critical-share-0.7``: ``CRITICAL_SHARE`` lowered, so samples whose pessimistic
+  path is 0.75 / 0.7 of the longest count as predicted-critical.
+- ``oracle``: ``rollplan-oracle`` (rollplan told every sample's true lengths; a reference, not a variant).
 
 Diagnostics (the figures docs/simulator.md quotes for these trials):
 
 - ``--per-batch``: each replay's rollout seconds per batch (None: the batch the window's end cuts).
 - ``--hold-h H``: the window runs H hours past the trace's end, the last availability held (an assumption,
   not trace data): shows how long the batch the trace's end cuts takes each variant to finish.
+- ``--last N``: per batch, the N samples that finished last: their group, start and end (seconds from the
+  batch's start), their floor (``bench_replay.traj_floor``) and how many times their floor they ran.
 - ``--timeline S``: every S simulated seconds (at the policy's next invocation), the replay's running and
   pending samples, decoding slots and their mean KV occupancy, and for the rollplan policy's admission (not
   elastic-plus's) the predicted-critical samples, the slots hosting one, the mean KV occupancy of those slots
@@ -51,9 +56,9 @@ from typing import Any
 
 from rollplan.models.errors import UserInputError
 from rollplan.policy.dispatch import Headrooms, critical_set, required_room
-from rollplan.sim.bench_replay import BENCH_TRACES, MATRIX_MODES, matrix_scenario, matrix_workload
-from rollplan.sim.policies import DECODING, ElasticPlus, RollplanPolicy, follows_plan, make_policy
-from rollplan.sim.replay import run_policy
+from rollplan.sim.bench_replay import BENCH_TRACES, MATRIX_MODES, matrix_scenario, matrix_workload, traj_floor
+from rollplan.sim.policies import DECODING, ORACLE, ElasticPlus, RollplanPolicy, follows_plan, make_policy
+from rollplan.sim.replay import perf_factory, run_policy
 from rollplan.sim.state import DONE
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -243,6 +248,9 @@ TRIALS: dict[str, Callable[[], Any]] = {
     "expected-critical": ExpectedCritical,
     "affinity": Affinity,
     "elastic-plus-affinity": ElasticPlusAffinity,
+    "critical-share-0.75": lambda: RollplanPolicy(critical_share=0.75),
+    "critical-share-0.7": lambda: RollplanPolicy(critical_share=0.7),
+    "oracle": lambda: make_policy(ORACLE),
 }
 
 
@@ -317,6 +325,40 @@ class Diagnostics:
     per_batch: bool = False
     hold_h: float | None = None
     timeline_s: float | None = None
+    last: int | None = None
+
+
+def last_probe(policy: Any, scenario: Any, n: int, out: dict[int, list[dict[str, Any]]]) -> Any:
+    """``policy`` recording, per batch, its ``n`` last-finishing samples into ``out`` (``--last``); the replay's
+    decisions are unchanged."""
+    base = type(policy)
+    step = perf_factory(scenario.model, calibrated=scenario.calibrated, config=scenario.sim)(scenario.gpu, 1).decode
+    fold = scenario.sim.fold_tool_s
+    ends: dict[int, list[tuple[float, int, Any]]] = {}
+
+    class Probed(base):  # type: ignore[valid-type, misc]
+        def on_traj_done(self, sim: Any, j: int) -> None:
+            super().on_traj_done(sim, j)
+            t = sim.trajs[j]
+            row = (sim.now, j, (t.group, t.t_start - sim.batch_start, sim.now - sim.batch_start, t.spec))
+            heap = ends.setdefault(sim.batch, [])
+            (heapq.heappush if len(heap) < n else heapq.heappushpop)(heap, row)
+
+    Probed.name = base.name
+    policy.__class__ = Probed
+
+    def finish() -> None:
+        for b, heap in sorted(ends.items()):
+            rows = []
+            for _end, _j, (group, start, end, spec) in sorted(heap, reverse=True):
+                floor = traj_floor(spec, step, fold)
+                rows.append({"group": group, "start_s": round(start, 1), "end_s": round(end, 1),
+                             "floor_s": round(floor, 1), "ran_over_floor": round((end - start) / floor, 3)
+                             if floor > 0 else None})
+            out[b] = rows
+
+    policy._last_finish = finish
+    return policy
 
 
 def run_one(job: tuple[str, str, int, str, str, float | None, Diagnostics]) -> dict[str, Any]:
@@ -329,7 +371,12 @@ def run_one(job: tuple[str, str, int, str, str, float | None, Diagnostics]) -> d
     timeline: list[dict[str, Any]] = []
     if diag.timeline_s is not None:
         policy = timeline_probe(policy, diag.timeline_s, timeline)
+    last: dict[int, list[dict[str, Any]]] = {}
+    if diag.last is not None:
+        policy = last_probe(policy, sc, diag.last, last)
     s = run_policy(sc, policy).summary
+    if diag.last is not None:
+        policy._last_finish()
     row = {"trace": trace, "mode": mode, "seed": seed, "trial": trial,
            "tokens_per_s": s["throughput_tokens_per_s"], "batches": s["batches_completed"],
            "evictions": s.get("counters", {}).get("evictions", 0)}
@@ -337,6 +384,8 @@ def run_one(job: tuple[str, str, int, str, str, float | None, Diagnostics]) -> d
         row["rollout_s"] = [b["rollout_s"] for b in s["batches"]]
     if diag.timeline_s is not None:
         row["timeline"] = timeline
+    if diag.last is not None:
+        row["last"] = {str(b): v for b, v in last.items()}
     return row
 
 
@@ -362,6 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="run this many hours past the trace's end, its last availability held")
     ap.add_argument("--timeline", type=float, default=None, metavar="SECONDS",
                     help="sample each replay's state every SECONDS of simulated time")
+    ap.add_argument("--last", type=int, default=None, metavar="N",
+                    help="per batch, the N samples that finished last (start, end, floor)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -371,13 +422,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for flag, v in (("--hold-h", args.hold_h), ("--timeline", args.timeline)):
             if v is not None and not (math.isfinite(v) and v > 0):
                 raise UserInputError(f"{flag} must be a positive number, got {v}", fix=f"pass {flag} > 0 or leave it out")
+        if args.last is not None and args.last < 1:
+            raise UserInputError(f"--last must be at least 1, got {args.last}", fix="pass --last N with N >= 1")
         if args.hold_h is not None and args.window_h is not None:
             raise UserInputError("--hold-h and --window-h both given", fix="cut the window or extend it, not both")
     except UserInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     rows = run_trials(args.data, cells, trials, jobs=args.jobs, window_h=args.window_h,
-                      diagnostics=Diagnostics(args.per_batch, args.hold_h, args.timeline))
+                      diagnostics=Diagnostics(args.per_batch, args.hold_h, args.timeline, args.last))
     if args.json:
         print(json.dumps({"trials": rows}, indent=1))
     else:
@@ -388,6 +441,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("    rollout s per batch: " + ", ".join("cut" if x is None else f"{x:.1f}" for x in r["rollout_s"]))
             if "timeline" in r:
                 print(f"    timeline: {len(r['timeline'])} samples (--json prints them)")
+            for b, rows_b in r.get("last", {}).items():
+                print(f"    batch {b} last: " + "; ".join(
+                    f"{x['group']} {x['start_s']:.0f}-{x['end_s']:.0f} s ({x['ran_over_floor']}x floor)" for x in rows_b))
     return 0
 
 

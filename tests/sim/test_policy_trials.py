@@ -6,8 +6,9 @@ variant silently into the plain policy); every variant replays a cut window of a
 ``rollplan`` / ``elastic-plus`` rows are those policies' own replays; the ``resume`` variant dispatches a
 started sample ahead of unstarted ones; ``affinity`` picks the admitting slot holding the most of the
 sample's prompt; ``--hold-h`` leaves every batch before the trace's end as it was and finishes the cut one;
-``--timeline`` samples at the interval asked, its critical split only for the rollplan admission; bad
-``--cells`` / ``--trials`` / ``--hold-h`` / ``--timeline`` give a one-line error and exit 2.
+``--timeline`` samples at the interval asked, its critical split only for the rollplan admission; ``--last``
+lists each batch's last finishers, the first ending the batch, none faster than its floor; bad ``--cells`` /
+``--trials`` / ``--hold-h`` / ``--timeline`` / ``--last`` give a one-line error and exit 2.
 """
 
 from __future__ import annotations
@@ -122,6 +123,21 @@ def test_timeline_samples_at_the_interval(shared_data: Path, trials: ModuleType)
     assert any(x["critical_slots"] > 0 and x["kv_critical_slots"] is not None for x in rp)
 
 
+def test_last_finishers_end_their_batches_and_respect_their_floors(shared_data: Path, trials: ModuleType) -> None:
+    row = trials.run_trials(shared_data, [("parcae-hh", "async", 0)], ["rollplan"], jobs=1, window_h=0.5,
+                            diagnostics=trials.Diagnostics(per_batch=True, last=2))[0]
+    complete = [(b, r) for b, r in enumerate(row["rollout_s"]) if r is not None]
+    assert complete
+    for b, rollout in complete:
+        last = row["last"][str(b)]
+        assert len(last) == 2 and last[0]["end_s"] >= last[1]["end_s"]
+        assert last[0]["end_s"] == pytest.approx(rollout, abs=0.1)  # the last sample ends its batch
+    for rows in row["last"].values():
+        for x in rows:
+            assert x["end_s"] >= x["start_s"] >= 0.0
+            assert x["ran_over_floor"] >= 1.0 - 1e-6  # the floor bounds every sample's run
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--cells", "parcae-hh:weekly:0"], "--cells: bad cell"),
     (["--cells", "nope:async:0"], "--cells: bad cell"),
@@ -129,6 +145,7 @@ def test_timeline_samples_at_the_interval(shared_data: Path, trials: ModuleType)
     (["--hold-h", "-1"], "--hold-h must be a positive number"),
     (["--timeline", "0"], "--timeline must be a positive number"),
     (["--hold-h", "1", "--window-h", "0.5"], "--hold-h and --window-h both given"),
+    (["--last", "0"], "--last must be at least 1"),
 ])
 def test_bad_input_is_one_line(trials: ModuleType, capsys: pytest.CaptureFixture[str], args: list[str],
                                needle: str) -> None:
