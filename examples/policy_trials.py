@@ -328,9 +328,10 @@ class Diagnostics:
     last: int | None = None
 
 
-def last_probe(policy: Any, scenario: Any, n: int, out: dict[int, list[dict[str, Any]]]) -> Any:
-    """``policy`` recording, per batch, its ``n`` last-finishing samples into ``out`` (``--last``); the replay's
-    decisions are unchanged."""
+def last_probe(policy: Any, scenario: Any, n: int,
+               out: dict[int, list[dict[str, Any]]]) -> tuple[Any, Callable[[], None]]:
+    """``policy`` recording, per batch, its ``n`` last-finishing samples (``--last``; the replay's decisions are
+    unchanged), and the call that writes them into ``out`` once the replay is over."""
     base = type(policy)
     step = perf_factory(scenario.model, calibrated=scenario.calibrated, config=scenario.sim)(scenario.gpu, 1).decode
     fold = scenario.sim.fold_tool_s
@@ -357,8 +358,7 @@ def last_probe(policy: Any, scenario: Any, n: int, out: dict[int, list[dict[str,
                              if floor > 0 else None})
             out[b] = rows
 
-    policy._last_finish = finish
-    return policy
+    return policy, finish
 
 
 def run_one(job: tuple[str, str, int, str, str, float | None, Diagnostics]) -> dict[str, Any]:
@@ -372,11 +372,12 @@ def run_one(job: tuple[str, str, int, str, str, float | None, Diagnostics]) -> d
     if diag.timeline_s is not None:
         policy = timeline_probe(policy, diag.timeline_s, timeline)
     last: dict[int, list[dict[str, Any]]] = {}
+    finish_last: Callable[[], None] | None = None
     if diag.last is not None:
-        policy = last_probe(policy, sc, diag.last, last)
+        policy, finish_last = last_probe(policy, sc, diag.last, last)
     s = run_policy(sc, policy).summary
-    if diag.last is not None:
-        policy._last_finish()
+    if finish_last is not None:
+        finish_last()
     row = {"trace": trace, "mode": mode, "seed": seed, "trial": trial,
            "tokens_per_s": s["throughput_tokens_per_s"], "batches": s["batches_completed"],
            "evictions": s.get("counters", {}).get("evictions", 0)}
