@@ -2,8 +2,8 @@
 
 How a developer checks an idea before it goes into the decision core (``rollplan.policy``): subclass the
 simulator's policy, replay the same cells, compare tokens/s. Each variant below was tried on issue 18's
-``128x16-history`` cells and not adopted (docs/simulator.md, "Sessions 22 and 23's trials" and "Session
-24's trials and diagnostics"); this script reproduces those figures:
+``128x16-history`` cells and not adopted (docs/simulator.md, "Sessions 22 and 23's trials", "Session 24's
+trials and diagnostics" and "Session 25's trials"); this script reproduces those figures:
 
     .venv/bin/python examples/policy_trials.py --cells parcae-hh:async:0,bamboo-p3:async:2 --json
 
@@ -24,6 +24,22 @@ Variants (``TRIALS``; ``rollplan`` / ``elastic-plus``: the policies as they are)
 - ``critical-share-0.75`` / ``critical-share-0.7``: ``CRITICAL_SHARE`` lowered, so samples whose pessimistic
   path is 0.75 / 0.7 of the longest count as predicted-critical.
 - ``oracle``: ``rollplan-oracle`` (rollplan told every sample's true lengths; a reference, not a variant).
+
+Session 25's (docs/simulator.md, "Session 25's trials"):
+
+- ``bulk-affinity``: ``affinity`` only while the latest plan finds the batch bound by its bulk (where the
+  bulk's KV, which a shared prompt saves, decides the batch's end); otherwise as the policy.
+- ``bulk-evictable``: while the batch is bound by its bulk, a sample that is not predicted-critical may take
+  the KV of residents in tool calls on a slot hosting no predicted-critical sample (vLLM's admission, as
+  elastic-plus admits; an engine evicts that KV for it), keeping ``BULK_HEADROOM`` free; otherwise as the
+  policy.
+- ``regime-keys``: the dispatch keys price a sample's predicted decode seconds at the decode step of the
+  regime's bulk slots (``occupancy_step`` at one less their headroom) instead of the reference step, so
+  decode-heavy samples rank by how long they run where they will run.
+- ``model-headroom``: while the batch is bound by its critical path, the bulk slots' headroom is the largest
+  of 0.3-0.7 (steps of 0.1) under which the step model (``regime_makespan``) still has the bulk end before
+  the critical path, instead of ``KV_HEADROOM``: the bulk's samples decode beside fewer co-residents, so a
+  sample the prediction missed (one that turns out critical) runs nearer its floor.
 
 Diagnostics (the figures docs/simulator.md quotes for these trials):
 
@@ -55,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from rollplan.models.errors import UserInputError
-from rollplan.policy.dispatch import Headrooms, critical_set, required_room
+from rollplan.policy.dispatch import Headrooms, critical_set, occupancy_step, regime_makespan, required_room
 from rollplan.sim.bench_replay import BENCH_TRACES, MATRIX_MODES, matrix_scenario, matrix_workload, traj_floor
 from rollplan.sim.policies import DECODING, ORACLE, ElasticPlus, RollplanPolicy, follows_plan, make_policy
 from rollplan.sim.replay import perf_factory, run_policy
@@ -236,6 +252,102 @@ class ElasticPlusAffinity(ElasticPlus):
         return s.idx if s is not None else super().choose_slot(sim, j)
 
 
+class BulkAffinity(Affinity):
+    """``bulk-affinity``: ``affinity`` in the bulk regime only."""
+
+    def choose_slot(self, sim: Any, j: int) -> int | None:
+        if not self._bulk_bound:
+            return RollplanPolicy.choose_slot(self, sim, j)
+        return super().choose_slot(sim, j)
+
+
+class BulkEvictable(RollplanPolicy):
+    """``bulk-evictable``: in the bulk regime a non-critical sample may take tool-call KV on a non-critical slot."""
+
+    def choose_slot(self, sim: Any, j: int) -> int | None:
+        crit = self._critical()
+        if not self._bulk_bound or j in crit:
+            return super().choose_slot(sim, j)
+        t = sim.trajs[j]
+        need = sim.need_new(t)
+        hi, lo = self.headrooms.levels(True)
+        crit_slots = self._critical_slots(sim, crit)
+
+        def admits(s: Any) -> bool:
+            if s.idx in crit_slots:  # the policy's own rule there
+                room = s.kv_free - s.watermark + sim.prefix_bonus(s, t) - need
+                return room >= required_room(hi, s.kv_cap, s.watermark, need)
+            room = sim.free_for_new(s) + sim.prefix_bonus(s, t) - need  # the watermark already kept
+            return room >= required_room(lo, s.kv_cap, 0, need)
+
+        if t.preferred >= 0 and follows_plan(j in self._informed):
+            s = sim.slots[t.preferred]
+            if s.present and s.role in DECODING and s.ready_at <= sim.now and admits(s):
+                return self._admit(j, s.idx, crit)
+        best = None  # the fewest residents, then the most free KV (as the policy's loop)
+        for s in self.candidates(sim):
+            if admits(s) and (best is None or s.n_res < best.n_res
+                              or (s.n_res == best.n_res and s.kv_free > best.kv_free)):
+                best = s
+        return None if best is None else self._admit(j, best.idx, crit)
+
+
+def regime_scale(policy: RollplanPolicy, sim: Any) -> float:
+    """``regime-keys``: the decode step of the regime's bulk slots (``occupancy_step`` at one less their
+    headroom) over the reference step, at least 1 (so a key is never below the policy's)."""
+    if not sim.live or policy._a_ref <= 0:
+        return 1.0
+    lo = policy.headrooms.levels(policy._bulk_bound)[1]
+    return max(1.0, occupancy_step(sim.live[0].perf.perf, 1.0 - lo)[0] / policy._a_ref)
+
+
+def regime_key(policy: RollplanPolicy, j: int, scale: float) -> float:
+    """``regime-keys``: j's pessimistic path with its decode seconds times ``scale``."""
+    return policy._cp.get(j, 0.0) + policy._cp_dec.get(j, 0.0) * (scale - 1.0)
+
+
+class RegimeKeys(RollplanPolicy):
+    """``regime-keys``: dispatch keys with decode seconds at the regime's bulk-slot step."""
+
+    def enqueued(self, sim: Any, j: int) -> None:
+        super().enqueued(sim, j)  # a second entry, ahead of the base's (its key is never lower)
+        heapq.heappush(self._heap, (-regime_key(self, j, regime_scale(self, sim)), sim.trajs[j].pseq, j))
+
+    def _rebuild_heap(self, sim: Any) -> None:
+        trajs, scale = sim.trajs, regime_scale(self, sim)
+        self._heap = [(-regime_key(self, j, scale), trajs[j].pseq, j) for j in sim.iter_pending()]
+        heapq.heapify(self._heap)
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        super()._apply(sim, plan)
+        self._rebuild_heap(sim)  # the regime this plan set prices the keys
+
+
+MODEL_HEADROOMS = (0.3, 0.4, 0.5, 0.6, 0.7)
+
+
+class ModelHeadroom(RollplanPolicy):
+    """``model-headroom``: the critical-path regime's bulk headroom from the step model, per adopted plan."""
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        from rollplan.solver.core.bounds import BOUND_WORK
+
+        self.headrooms = Headrooms()  # the regime is decided with the policy's own headrooms
+        super()._apply(sim, plan)
+        if self._bulk_bound or not self._cp or not sim.live:
+            return
+        j = max(self._cp, key=self._cp.__getitem__)
+        dec_s = self._cp_dec.get(j, 0.0)
+        args = {"path_decode_s": dec_s, "path_tool_s": self._cp[j] - dec_s, "perf": sim.live[0].perf.perf,
+                "slots": sum(1 for r in plan.roles.values() if r.decodes), "critical": len(self._critical())}
+        work = plan.bounds.get(BOUND_WORK, 0.0)
+        fits = [h for h in MODEL_HEADROOMS
+                if regime_makespan(False, work, headrooms=Headrooms(default=h), **args)
+                <= regime_makespan(False, 0.0, headrooms=Headrooms(default=h), **args)]
+        if fits:
+            self.headrooms = Headrooms(default=max(fits))
+
+
 TRIALS: dict[str, Callable[[], Any]] = {
     "rollplan": lambda: make_policy("rollplan"),
     "elastic-plus": lambda: make_policy("elastic-plus"),
@@ -251,6 +363,10 @@ TRIALS: dict[str, Callable[[], Any]] = {
     "critical-share-0.75": lambda: RollplanPolicy(critical_share=0.75),
     "critical-share-0.7": lambda: RollplanPolicy(critical_share=0.7),
     "oracle": lambda: make_policy(ORACLE),
+    "bulk-affinity": BulkAffinity,
+    "bulk-evictable": BulkEvictable,
+    "regime-keys": RegimeKeys,
+    "model-headroom": ModelHeadroom,
 }
 
 

@@ -7,7 +7,9 @@ variant silently into the plain policy); every variant replays a cut window of a
 started sample ahead of unstarted ones; ``affinity`` picks the admitting slot holding the most of the
 sample's prompt; ``--hold-h`` leaves every batch before the trace's end as it was and finishes the cut one;
 ``--timeline`` samples at the interval asked, its critical split only for the rollplan admission; ``--last``
-lists each batch's last finishers, the first ending the batch, none faster than its floor; bad ``--cells`` /
+lists each batch's last finishers, the first ending the batch, none faster than its floor; ``regime-keys``
+ranks a decode-heavy sample above a tool-heavy one of the same path, and ``model-headroom`` changes the
+headroom of some plans of a replay within its grid; bad ``--cells`` /
 ``--trials`` / ``--hold-h`` / ``--timeline`` / ``--last`` give a one-line error and exit 2.
 """
 
@@ -41,7 +43,8 @@ def trials() -> ModuleType:
 def test_every_override_has_a_base_method(trials: ModuleType) -> None:
     classes = [trials.GrowthReserve, trials.FlatBulkHeadrooms, trials.ExpectedCritical,
                trials.started_first(RollplanPolicy), trials.started_first(ElasticPlus), trials.Affinity,
-               trials.ElasticPlusAffinity]
+               trials.ElasticPlusAffinity, trials.BulkAffinity, trials.BulkEvictable, trials.RegimeKeys,
+               trials.ModelHeadroom]
     for cls in classes:
         base = cls.__mro__[1]
         own = [k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")]
@@ -50,7 +53,8 @@ def test_every_override_has_a_base_method(trials: ModuleType) -> None:
             assert hasattr(base, name), (cls.__name__, name)
     # The attributes the variants read or replace exist on a fresh policy.
     p = RollplanPolicy()
-    for attr in ("_heap", "_cp", "_crit", "_informed", "_a_ref", "headrooms", "critical_share", "_bulk_bound"):
+    for attr in ("_heap", "_cp", "_cp_dec", "_crit", "_informed", "_a_ref", "headrooms", "critical_share",
+                 "_bulk_bound"):
         assert hasattr(p, attr), attr
 
 
@@ -136,6 +140,30 @@ def test_last_finishers_end_their_batches_and_respect_their_floors(shared_data: 
         for x in rows:
             assert x["end_s"] >= x["start_s"] >= 0.0
             assert x["ran_over_floor"] >= 1.0 - 1e-6  # the floor bounds every sample's run
+
+
+def test_regime_keys_rank_decode_heavy_samples_higher(trials: ModuleType) -> None:
+    p = trials.RegimeKeys()
+    p._cp = {1: 300.0, 2: 300.0}  # equal pessimistic paths at the reference step
+    p._cp_dec = {1: 250.0, 2: 20.0}  # 1 is decode-heavy, 2 tool-heavy
+    key = trials.regime_key
+    assert key(p, 1, 2.0) == pytest.approx(550.0) and key(p, 2, 2.0) == pytest.approx(320.0)
+    assert key(p, 1, 1.0) == key(p, 2, 1.0) == pytest.approx(300.0)  # at the reference step: as the policy
+
+
+def test_model_headroom_sets_the_bulk_headroom_from_the_step_model(shared_data: Path, trials: ModuleType) -> None:
+    seen: list[tuple[bool, float]] = []
+
+    class Probe(trials.ModelHeadroom):  # type: ignore[misc]
+        def _apply(self, sim, plan):  # type: ignore[no-untyped-def]
+            super()._apply(sim, plan)
+            seen.append((self._bulk_bound, self.headrooms.default))
+
+    sc = matrix_scenario(shared_data, "parcae-hh", "async", matrix_workload("128x16-history"), window_h=0.3)
+    run_policy(sc, Probe())
+    assert {h for _bulk, h in seen} <= set(trials.MODEL_HEADROOMS)
+    assert all(h == trials.Headrooms().default for bulk, h in seen if bulk)  # the bulk regime: as the policy
+    assert any(h > trials.Headrooms().default for bulk, h in seen if not bulk)  # a critical-path plan widened it
 
 
 @pytest.mark.parametrize(("args", "needle"), [
