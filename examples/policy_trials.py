@@ -40,6 +40,12 @@ Session 25's (docs/simulator.md, "Session 25's trials"):
   of 0.3-0.7 (steps of 0.1) under which the step model (``regime_makespan``) still has the bulk end before
   the critical path, instead of ``KV_HEADROOM``: the bulk's samples decode beside fewer co-residents, so a
   sample the prediction missed (one that turns out critical) runs nearer its floor.
+- ``critical-apart``: a predicted-critical sample starts on a slot hosting no other predicted-critical sample
+  (the plan's slot included) when one admits it: the step model's critical regime counts one critical sample
+  per critical slot, but siblings share their prompt's KV, so the KV headroom admits a group together.
+- ``regime-by-groups``: the regime model (``bulk_regime_pays``) counts the predicted-critical sibling groups
+  instead of the samples (a group's siblings are predicted alike and the plan places them together), so a
+  batch with two critical groups is not found bound by its bulk for want of 32 critical slots.
 
 Diagnostics (the figures docs/simulator.md quotes for these trials):
 
@@ -71,7 +77,14 @@ from pathlib import Path
 from typing import Any
 
 from rollplan.models.errors import UserInputError
-from rollplan.policy.dispatch import Headrooms, critical_set, occupancy_step, regime_makespan, required_room
+from rollplan.policy.dispatch import (
+    Headrooms,
+    bulk_regime_pays,
+    critical_set,
+    occupancy_step,
+    regime_makespan,
+    required_room,
+)
 from rollplan.sim.bench_replay import BENCH_TRACES, MATRIX_MODES, matrix_scenario, matrix_workload, traj_floor
 from rollplan.sim.policies import DECODING, ORACLE, ElasticPlus, RollplanPolicy, follows_plan, make_policy
 from rollplan.sim.replay import perf_factory, run_policy
@@ -323,6 +336,54 @@ class RegimeKeys(RollplanPolicy):
         self._rebuild_heap(sim)  # the regime this plan set prices the keys
 
 
+class CriticalApart(RollplanPolicy):
+    """``critical-apart``: a predicted-critical sample avoids slots hosting another one while some slot admits it."""
+
+    _exclude: frozenset[int] = frozenset()
+
+    def candidates(self, sim: Any) -> list[Any]:
+        cands = super().candidates(sim)
+        return [s for s in cands if s.idx not in self._exclude] if self._exclude else cands
+
+    def choose_slot(self, sim: Any, j: int) -> int | None:
+        crit = self._critical()
+        if j not in crit:
+            return super().choose_slot(sim, j)
+        trajs = sim.trajs
+        taken = frozenset(trajs[k].slot for k in crit if k != j and trajs[k].slot >= 0)
+        t = trajs[j]
+        preferred = t.preferred
+        if taken:
+            self._exclude = taken
+            if preferred in taken:
+                t.preferred = -1  # not the plan's slot either
+            try:
+                got = super().choose_slot(sim, j)
+            finally:
+                self._exclude, t.preferred = frozenset(), preferred
+            if got is not None:
+                return got
+        return super().choose_slot(sim, j)
+
+
+class RegimeByGroups(RollplanPolicy):
+    """``regime-by-groups``: the regime decided with the count of predicted-critical sibling groups."""
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        from rollplan.solver.core.bounds import BOUND_WORK
+
+        super()._apply(sim, plan)
+        if self.regime == "share" or not self._cp or not sim.live:
+            return
+        groups = len({sim.trajs[k].group for k in self._critical()})
+        j = max(self._cp, key=self._cp.__getitem__)
+        dec_s = self._cp_dec.get(j, 0.0)
+        self._bulk_bound = bulk_regime_pays(plan.bounds.get(BOUND_WORK, 0.0), dec_s, self._cp[j] - dec_s,
+                                            perf=sim.live[0].perf.perf,
+                                            slots=sum(1 for r in plan.roles.values() if r.decodes),
+                                            critical=groups, headrooms=self.headrooms)
+
+
 MODEL_HEADROOMS = (0.3, 0.4, 0.5, 0.6, 0.7)
 
 
@@ -367,6 +428,8 @@ TRIALS: dict[str, Callable[[], Any]] = {
     "bulk-evictable": BulkEvictable,
     "regime-keys": RegimeKeys,
     "model-headroom": ModelHeadroom,
+    "critical-apart": CriticalApart,
+    "regime-by-groups": RegimeByGroups,
 }
 
 

@@ -44,7 +44,7 @@ def test_every_override_has_a_base_method(trials: ModuleType) -> None:
     classes = [trials.GrowthReserve, trials.FlatBulkHeadrooms, trials.ExpectedCritical,
                trials.started_first(RollplanPolicy), trials.started_first(ElasticPlus), trials.Affinity,
                trials.ElasticPlusAffinity, trials.BulkAffinity, trials.BulkEvictable, trials.RegimeKeys,
-               trials.ModelHeadroom]
+               trials.ModelHeadroom, trials.CriticalApart, trials.RegimeByGroups]
     for cls in classes:
         base = cls.__mro__[1]
         own = [k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")]
@@ -54,7 +54,7 @@ def test_every_override_has_a_base_method(trials: ModuleType) -> None:
     # The attributes the variants read or replace exist on a fresh policy.
     p = RollplanPolicy()
     for attr in ("_heap", "_cp", "_cp_dec", "_crit", "_informed", "_a_ref", "headrooms", "critical_share",
-                 "_bulk_bound"):
+                 "_bulk_bound", "regime"):
         assert hasattr(p, attr), attr
 
 
