@@ -366,22 +366,29 @@ class CriticalApart(RollplanPolicy):
         return super().choose_slot(sim, j)
 
 
+def regime_inputs(policy: RollplanPolicy, sim: Any, plan: Any) -> tuple[float, dict[str, Any]]:
+    """What the policy's regime decision (``bulk_regime_pays``) reads of an adopted plan: its work bound, and
+    the longest pessimistic path's decode and tool seconds, the step model, the plan's decoding slots and the
+    predicted-critical count as keyword arguments of ``regime_makespan``."""
+    from rollplan.solver.core.bounds import BOUND_WORK
+
+    j = max(policy._cp, key=policy._cp.__getitem__)
+    dec_s = policy._cp_dec.get(j, 0.0)
+    return plan.bounds.get(BOUND_WORK, 0.0), {
+        "path_decode_s": dec_s, "path_tool_s": policy._cp[j] - dec_s, "perf": sim.live[0].perf.perf,
+        "slots": sum(1 for r in plan.roles.values() if r.decodes), "critical": len(policy._critical())}
+
+
 class RegimeByGroups(RollplanPolicy):
     """``regime-by-groups``: the regime decided with the count of predicted-critical sibling groups."""
 
     def _apply(self, sim: Any, plan: Any) -> None:
-        from rollplan.solver.core.bounds import BOUND_WORK
-
         super()._apply(sim, plan)
         if self.regime == "share" or not self._cp or not sim.live:
             return
-        groups = len({sim.trajs[k].group for k in self._critical()})
-        j = max(self._cp, key=self._cp.__getitem__)
-        dec_s = self._cp_dec.get(j, 0.0)
-        self._bulk_bound = bulk_regime_pays(plan.bounds.get(BOUND_WORK, 0.0), dec_s, self._cp[j] - dec_s,
-                                            perf=sim.live[0].perf.perf,
-                                            slots=sum(1 for r in plan.roles.values() if r.decodes),
-                                            critical=groups, headrooms=self.headrooms)
+        work, args = regime_inputs(self, sim, plan)
+        args["critical"] = len({sim.trajs[k].group for k in self._critical()})
+        self._bulk_bound = bulk_regime_pays(work, headrooms=self.headrooms, **args)
 
 
 MODEL_HEADROOMS = (0.3, 0.4, 0.5, 0.6, 0.7)
@@ -391,17 +398,11 @@ class ModelHeadroom(RollplanPolicy):
     """``model-headroom``: the critical-path regime's bulk headroom from the step model, per adopted plan."""
 
     def _apply(self, sim: Any, plan: Any) -> None:
-        from rollplan.solver.core.bounds import BOUND_WORK
-
         self.headrooms = Headrooms()  # the regime is decided with the policy's own headrooms
         super()._apply(sim, plan)
         if self._bulk_bound or not self._cp or not sim.live:
             return
-        j = max(self._cp, key=self._cp.__getitem__)
-        dec_s = self._cp_dec.get(j, 0.0)
-        args = {"path_decode_s": dec_s, "path_tool_s": self._cp[j] - dec_s, "perf": sim.live[0].perf.perf,
-                "slots": sum(1 for r in plan.roles.values() if r.decodes), "critical": len(self._critical())}
-        work = plan.bounds.get(BOUND_WORK, 0.0)
+        work, args = regime_inputs(self, sim, plan)
         fits = [h for h in MODEL_HEADROOMS
                 if regime_makespan(False, work, headrooms=Headrooms(default=h), **args)
                 <= regime_makespan(False, 0.0, headrooms=Headrooms(default=h), **args)]
