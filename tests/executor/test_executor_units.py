@@ -19,6 +19,7 @@ import asyncio
 import json
 import math
 import pickle
+import threading
 from pathlib import Path
 
 import pytest
@@ -33,13 +34,17 @@ from rollplan.executor.perf import MeasuredPerfModel, from_profile_records, meas
 from rollplan.executor.pool import SlotRuntime
 from rollplan.models import (
     ACTION_ORDER,
+    Action,
+    ActionKind,
     ClusterSnapshot,
     EngineState,
     Estimate,
     IllegalTransitionError,
     Phase,
+    Plan,
     Role,
     Slot,
+    SolveStatus,
     Trajectory,
     gpu_kind,
     model_spec,
@@ -214,6 +219,70 @@ def test_snapshot_reflects_slots_runs_and_predictions() -> None:
     assert t.slot is None  # its KV was on the lost slot
     assert t.context_tokens == 5 and t.phase is Phase.PREFILL_PENDING
     assert 0 < t.remaining_decode_tokens.mean <= 3 * 10 - 2
+
+
+def test_manual_role_switch_is_not_undone_by_a_plan_solved_before_it() -> None:
+    """A re-plan in flight (solved on the state before a manual switch) lands before the switch, never after
+    it: the switch's roles and moves are the last word (``Controller.set_roles`` holds the plan lock)."""
+    release = threading.Event()
+
+    def stale_plan(snap: ClusterSnapshot, **_: object) -> Plan:
+        release.wait(10)  # still solving when the switch comes
+        return Plan(snap.time, {"a/0": Role.MIXED, "b/0": Role.MIXED}, {"t0": "a/0"},
+                    tuple(Action(ActionKind.SWITCH_ROLE, s, role=Role.MIXED) for s in ("a/0", "b/0")),
+                    0.0, 0.0, 0.0, 0.0, (), SolveStatus.FEASIBLE, "stale")
+
+    async def go() -> tuple[Role, Role, str | None, bool]:
+        ctl = Controller(ExecutorConfig(engine=EngineConfig(model="unused"), clock=lambda: 0.0), plan_fn=stale_plan)
+        for sid in ("a/0", "b/0"):
+            ctl.add_slot(SlotRuntime(sid, f"node-{sid[0]}", "r", "cpu"))
+        run = _run("t0")
+        run.placement = "a/0"
+        ctl.runs = {"t0": run}
+        replan = asyncio.create_task(ctl.replan("interval"))
+        while not ctl._plan_lock.locked():
+            await asyncio.sleep(0)
+        switch = asyncio.create_task(ctl.set_roles({"a/0": Role.PREFILL, "b/0": Role.DECODE}))
+        await asyncio.sleep(0.05)
+        waited = not switch.done()
+        release.set()
+        await asyncio.gather(replan, switch)
+        return ctl.slots["a/0"].role, ctl.slots["b/0"].role, run.placement, waited
+
+    a, b, placed, waited = asyncio.run(go())
+    assert waited, "the switch did not wait for the plan in flight"
+    assert (a, b, placed) == (Role.PREFILL, Role.DECODE, "b/0")
+
+
+def test_emptying_a_slot_counts_a_failed_move_and_makes_the_others() -> None:
+    moved: list[str] = []
+
+    async def go() -> Controller:
+        ctl = _controller()
+        for sid, role in (("a/0", Role.PREFILL), ("b/0", Role.DECODE)):
+            ctl.add_slot(SlotRuntime(sid, f"node-{sid[0]}", "r", "cpu", role=role))
+        ctl.runs = {f"t{i}": _run(f"t{i}") for i in range(3)}
+        for r in ctl.runs.values():
+            r.placement = "a/0"
+        real = ctl.migrate
+
+        async def migrate(traj: str, target: str, **kw: object) -> None:
+            if traj == "t1":
+                ctl.slots["b/0"].lost = True  # the target vanished under this one move
+                try:
+                    await real(traj, target, kv=False)
+                finally:
+                    ctl.slots["b/0"].lost = False
+            moved.append(traj)
+            await real(traj, target, kv=False)
+
+        ctl.migrate = migrate  # type: ignore[method-assign]
+        await ctl.empty_slot(ctl.slots["a/0"])
+        return ctl
+
+    ctl = asyncio.run(go())
+    assert ctl.stats.moves_failed == 1 and moved == ["t0", "t2"]
+    assert {r.id: r.placement for r in ctl.runs.values()} == {"t0": "b/0", "t1": "a/0", "t2": "b/0"}
 
 
 # -- perf, config ----------------------------------------------------------------------------------------------

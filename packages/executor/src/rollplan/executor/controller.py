@@ -30,7 +30,7 @@ import contextlib
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +97,8 @@ class ControllerStats:
     engine_starts: list[float] = field(default_factory=list)
     returns: dict[str, float] = field(default_factory=dict)  # slot -> seconds before (+) / after (-) deadline
     moves_not_carried_out: int = 0  # a plan's migrations its source slot did not force (ExecutorConfig.moves)
+    moves_failed: int = 0  # moves off an emptied slot that raised (e.g. the target went away meanwhile)
+    moves_late: int = 0  # moves whose trajectory had not left its source within the wait (it still moves later)
 
     def actions_by_kind(self) -> dict[str, dict[str, float]]:
         by: dict[str, list[ActionRecord]] = defaultdict(list)
@@ -550,7 +552,8 @@ class Controller:
                 log.exception("re-plan failed")
 
     async def replan(self, reason: str = "manual") -> Plan:
-        """Snapshot -> plan -> apply; failed actions trigger up to ``max_replans_per_event`` re-plans."""
+        """Snapshot -> plan -> apply, under the plan lock; failed actions trigger up to
+        ``max_replans_per_event`` re-plans while ``autoplan`` is on."""
         plan = None
         for attempt in range(self.config.max_replans_per_event + 1):
             async with self._plan_lock:
@@ -560,6 +563,9 @@ class Controller:
                     await self.apply(plan)
                     return plan
                 except ActionFailures as exc:
+                    if not self.autoplan:  # planning was turned off meanwhile (roles are set by hand)
+                        log.warning("failed actions (%s), no re-plan (autoplan off): %s", reason, exc)
+                        return plan
                     log.warning("re-plan %d after failed actions (%s): %s", attempt + 1, reason, exc)
                     reason = "failed actions"
         assert plan is not None
@@ -635,6 +641,19 @@ class Controller:
                 r.placement = slot
         self._notify_routing()
         await self.apply_actions([a for a in plan.actions if self._carries_out(a, plan)])
+
+    async def set_roles(self, roles: Mapping[str, Role]) -> None:
+        """Set slot roles outside a plan (``RolloutExecutor.switch_roles``: tests, benchmarks, an operator);
+        trajectories placed on a slot that no longer decodes move (KV through the connector) to the least
+        loaded decoding slot. Holds the plan lock, as ``replan`` does from snapshot to apply: a plan solved on
+        the state before the switch lands before it, never after it (where its placements would put the moved
+        trajectories back on the slot they left, and its role switches would undo these). Returns once the roles are set and the moves left their source."""
+        async with self._plan_lock:
+            await self.apply_actions([Action(ActionKind.SWITCH_ROLE, s, role=r) for s, r in roles.items()])
+            for sid in roles:
+                slot = self.slots[sid]
+                if not slot.role.decodes:
+                    await self.empty_slot(slot)
 
     def _carries_out(self, a: Action, plan: Plan) -> bool:
         """Whether ``a`` is carried out: every action but a migration off a slot that neither leaves (a
@@ -853,8 +872,11 @@ class Controller:
             with contextlib.suppress(Exception):
                 await src.engine.actor.abort.remote([rid])
             if tgt.serving:  # otherwise it waits for the target's engine: the move itself is done
-                with contextlib.suppress(TimeoutError):
+                try:
                     await asyncio.wait_for(asyncio.shield(fut), timeout=timeout)
+                except TimeoutError:
+                    self.stats.moves_late += 1
+                    log.info("%s had not left slot %s for %s after %.1fs", traj, source, target, timeout)
             return
         # Not generating right now (in a tool call, or waiting): move its KV now if asked, so the source can go.
         if (
@@ -910,7 +932,13 @@ class Controller:
             dest = min(others, key=lambda o: (not o.serving, load[o.id], o.id))
             load[dest.id] += 1
             jobs.append(self.migrate(r.id, dest.id, kv=kv, timeout=wait))
-        await asyncio.gather(*jobs, return_exceptions=True)
+        # One failed move must not stop the others (the slot is being emptied): count and log each.
+        for r, res in zip(movers, await asyncio.gather(*jobs, return_exceptions=True), strict=True):
+            if isinstance(res, Exception):
+                self.stats.moves_failed += 1
+                log.warning("moving %s off slot %s failed: %s", r.id, s.id, res)
+            elif isinstance(res, BaseException):
+                raise res
 
     # -- slots -------------------------------------------------------------------------------------------
     async def return_slot(self, s: SlotRuntime) -> None:

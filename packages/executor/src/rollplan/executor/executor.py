@@ -385,19 +385,17 @@ class RolloutExecutor:
 
     async def switch_roles(self, roles: Mapping[str, Any]) -> None:
         """Set slot roles directly (outside a plan; for tests and benchmarks). Trajectories placed on a
-        slot that no longer decodes move (KV through the connector) to the least loaded decoding slot."""
-        from rollplan.models import Action, ActionKind, Role
+        slot that no longer decodes move (KV through the connector) to the least loaded decoding slot. Never
+        interleaves with a re-plan (``Controller.set_roles``); set ``ctl.autoplan = False`` first to keep the
+        roles, or the next plan sets its own."""
+        from rollplan.models import Role
 
-        ctl = self.ctl
-        await ctl.apply_actions([Action(ActionKind.SWITCH_ROLE, s, role=Role(r)) for s, r in roles.items()])
-        for s in roles:
-            slot = ctl.slots[s]
-            if not slot.role.decodes:
-                await ctl.empty_slot(slot)
+        await self.ctl.set_roles({s: Role(r) for s, r in roles.items()})
 
     def stats(self) -> dict[str, Any]:
         """Counters for reports: re-plans, planner status, actions by kind (count, failures, mean seconds),
-        engine start times, returns vs deadlines, and the last rollout's totals."""
+        engine start times, returns vs deadlines, moves (dropped, failed, late: ``ControllerStats``), and the
+        last rollout's totals."""
         ctl = self.ctl
         st = ctl.stats
         return {
@@ -408,6 +406,8 @@ class RolloutExecutor:
             "actions": st.actions_by_kind(),
             "engine_starts": list(st.engine_starts),
             "returns_before_deadline": dict(st.returns),
+            "moves": {"not_carried_out": st.moves_not_carried_out, "failed": st.moves_failed,
+                      "late": st.moves_late},
             "last_rollout": dict(self.last_rollout),
         }
 
