@@ -873,8 +873,10 @@ class RollplanPolicy(BasePolicy):
 
         A prompt a resident sibling holds on the slot (``prefix_bonus``) is not needed again. The headroom is
         never more than an empty slot would keep after admitting j (its KV less the watermark and j's need), so
-        a long trajectory is never held back by a headroom no slot could give. (The executor does not apply this
-        admission rule: it routes by the plan and each engine queues what it cannot fit.)"""
+        a long trajectory is never held back by a headroom no slot could give. (The executor's controller applies
+        the same rule, the decision core's ``choose_slot``, in ``Controller.admit_waiting``, to a trajectory's
+        first turn. Here it also applies to a trajectory queued again after its tool-call KV was evicted; the
+        executor routes that one straight back to its placement, whose engine queues what it cannot fit.)"""
         t = sim.trajs[j]
         need = sim.need_new(t)
         crit = self._critical()
