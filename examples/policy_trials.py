@@ -3,7 +3,8 @@
 How a developer checks an idea before it goes into the decision core (``rollplan.policy``): subclass the
 simulator's policy, replay the same cells, compare tokens/s. Each variant below was tried on issue 18's
 ``128x16-history`` cells and not adopted (docs/simulator.md, "Sessions 22 and 23's trials", "Session 24's
-trials and diagnostics" and "Session 25's trials"); this script reproduces those figures:
+trials and diagnostics", "Session 25's trials" and "Session 26's trials"); this script reproduces those
+figures:
 
     .venv/bin/python examples/policy_trials.py --cells parcae-hh:async:0,bamboo-p3:async:2 --json
 
@@ -47,6 +48,16 @@ Session 25's (docs/simulator.md, "Session 25's trials"):
   instead of the samples (a group's siblings are predicted alike and the plan places them together), so a
   batch with two critical groups is not found bound by its bulk for want of 32 critical slots.
 
+Session 26's (docs/simulator.md, "Session 26's trials"):
+
+- ``critical-moves``: a plan's rebalancing move (between two slots that keep decoding, which ``MOVES``
+  "forced" drops) is carried out when the moved sample is predicted-critical: the sample whose steps end the
+  batch goes where the plan finds it ends sooner.
+- ``all-moves``: every plan move carried out (``MOVES`` "all"), for comparison.
+- ``oracle-started`` / ``oracle-started-critical-moves``: ``rollplan-oracle-started`` (told a sample's true
+  course once it starts; a reference) as it is, and with ``critical-moves``: whether in-flight knowledge
+  pays once the plan may act on it by moving the sample.
+
 Diagnostics (the figures docs/simulator.md quotes for these trials):
 
 - ``--per-batch``: each replay's rollout seconds per batch (None: the batch the window's end cuts).
@@ -86,7 +97,15 @@ from rollplan.policy.dispatch import (
     required_room,
 )
 from rollplan.sim.bench_replay import BENCH_TRACES, MATRIX_MODES, matrix_scenario, matrix_workload, traj_floor
-from rollplan.sim.policies import DECODING, ORACLE, ElasticPlus, RollplanPolicy, follows_plan, make_policy
+from rollplan.sim.policies import (
+    DECODING,
+    ORACLE,
+    ElasticPlus,
+    RollplanPolicy,
+    StartedOracleRollplan,
+    follows_plan,
+    make_policy,
+)
 from rollplan.sim.replay import perf_factory, run_policy
 from rollplan.sim.state import DONE
 
@@ -410,6 +429,17 @@ class ModelHeadroom(RollplanPolicy):
             self.headrooms = Headrooms(default=max(fits))
 
 
+def critical_moves(base: type[RollplanPolicy]) -> type[RollplanPolicy]:
+    """``base`` with the plans' rebalancing moves of predicted-critical samples carried out (``critical-moves``)."""
+
+    class CriticalMoves(base):  # type: ignore[valid-type, misc]
+        def _carries_out(self, sim: Any, t: Any, plan: Any) -> bool:
+            return t.idx in self._critical() or super()._carries_out(sim, t, plan)
+
+    CriticalMoves.__name__ = f"CriticalMoves{base.__name__}"
+    return CriticalMoves
+
+
 TRIALS: dict[str, Callable[[], Any]] = {
     "rollplan": lambda: make_policy("rollplan"),
     "elastic-plus": lambda: make_policy("elastic-plus"),
@@ -431,6 +461,10 @@ TRIALS: dict[str, Callable[[], Any]] = {
     "model-headroom": ModelHeadroom,
     "critical-apart": CriticalApart,
     "regime-by-groups": RegimeByGroups,
+    "critical-moves": lambda: critical_moves(RollplanPolicy)(),
+    "all-moves": lambda: RollplanPolicy(moves="all"),
+    "oracle-started": StartedOracleRollplan,
+    "oracle-started-critical-moves": lambda: critical_moves(StartedOracleRollplan)(),
 }
 
 

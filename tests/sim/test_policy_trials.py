@@ -9,7 +9,8 @@ sample's prompt; ``--hold-h`` leaves every batch before the trace's end as it wa
 ``--timeline`` samples at the interval asked, its critical split only for the rollplan admission; ``--last``
 lists each batch's last finishers, the first ending the batch, none faster than its floor; ``regime-keys``
 ranks a decode-heavy sample above a tool-heavy one of the same path, and ``model-headroom`` changes the
-headroom of some plans of a replay within its grid; bad ``--cells`` /
+headroom of some plans of a replay within its grid; ``critical-moves`` carries out a rebalancing move of a
+predicted-critical sample only (a move its slot forces, every policy carries out); bad ``--cells`` /
 ``--trials`` / ``--hold-h`` / ``--timeline`` / ``--last`` give a one-line error and exit 2.
 """
 
@@ -24,7 +25,7 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from rollplan.sim.bench_replay import matrix_scenario, matrix_workload
-from rollplan.sim.policies import ElasticPlus, RollplanPolicy, make_policy
+from rollplan.sim.policies import ElasticPlus, RollplanPolicy, StartedOracleRollplan, make_policy
 from rollplan.sim.replay import run_policy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "policy_trials.py"
@@ -44,7 +45,8 @@ def test_every_override_has_a_base_method(trials: ModuleType) -> None:
     classes = [trials.GrowthReserve, trials.FlatBulkHeadrooms, trials.ExpectedCritical,
                trials.started_first(RollplanPolicy), trials.started_first(ElasticPlus), trials.Affinity,
                trials.ElasticPlusAffinity, trials.BulkAffinity, trials.BulkEvictable, trials.RegimeKeys,
-               trials.ModelHeadroom, trials.CriticalApart, trials.RegimeByGroups]
+               trials.ModelHeadroom, trials.CriticalApart, trials.RegimeByGroups,
+               trials.critical_moves(RollplanPolicy), trials.critical_moves(StartedOracleRollplan)]
     for cls in classes:
         base = cls.__mro__[1]
         own = [k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")]
@@ -149,6 +151,22 @@ def test_regime_keys_rank_decode_heavy_samples_higher(trials: ModuleType) -> Non
     key = trials.regime_key
     assert key(p, 1, 2.0) == pytest.approx(550.0) and key(p, 2, 2.0) == pytest.approx(320.0)
     assert key(p, 1, 1.0) == key(p, 2, 1.0) == pytest.approx(300.0)  # at the reference step: as the policy
+
+
+def test_critical_moves_carries_out_a_rebalancing_move_of_a_critical_sample_only(trials: ModuleType) -> None:
+    from rollplan.models.types import Role
+
+    slot = SimpleNamespace(id="s0", role=Role.MIXED, return_by=None, present=True)
+    sim = SimpleNamespace(slots=[slot])
+    plan = SimpleNamespace(roles={"s0": Role.MIXED})  # the source keeps decoding: a rebalancing move
+    crit, bulk = SimpleNamespace(idx=1, slot=0), SimpleNamespace(idx=2, slot=0)
+    # The plain policy drops both (MOVES "forced"); critical-moves carries out the critical sample's only.
+    for p, expected in ((RollplanPolicy(), False), (trials.critical_moves(RollplanPolicy)(), True)):
+        p._crit = {1}  # sample 1 is predicted-critical
+        assert p._carries_out(sim, crit, plan) is expected
+        assert p._carries_out(sim, bulk, plan) is False
+    leaving = SimpleNamespace(slots=[SimpleNamespace(id="s0", role=Role.MIXED, return_by=5.0, present=True)])
+    assert RollplanPolicy()._carries_out(leaving, bulk, plan) is True  # a move the slot forces, always
 
 
 def test_model_headroom_sets_the_bulk_headroom_from_the_step_model(shared_data: Path, trials: ModuleType) -> None:

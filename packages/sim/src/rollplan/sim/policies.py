@@ -64,6 +64,7 @@ from rollplan.sim.engine import DECODING
 
 if TYPE_CHECKING:
     from rollplan.sim.engine import Simulator, SlotState
+    from rollplan.sim.state import TrajState
 
 log = logging.getLogger(__name__)
 
@@ -778,12 +779,10 @@ class RollplanPolicy(BasePolicy):
         for tid, a in moves.items():
             t = by_id.get(tid)
             if t is not None and a.target in index:
-                if t.slot >= 0 and t.kv_ok and self.moves != "all":  # a move of KV its slot does not force (MOVES)
-                    src = sim.slots[t.slot]
-                    if not carries_out_move(self.moves, source_leaving=src.return_by is not None or not src.present,
-                                            source_decodes=plan.roles.get(src.id, src.role).decodes):
-                        sim.recorder.count("moves_not_carried_out")
-                        continue
+                # A move of KV its slot does not force (MOVES) is dropped, and counted.
+                if t.slot >= 0 and t.kv_ok and self.moves != "all" and not self._carries_out(sim, t, plan):
+                    sim.recorder.count("moves_not_carried_out")
+                    continue
                 sim.migrate(t.idx, index[a.target], by_kv=a.kind is ActionKind.MIGRATE_KV)
         # 3. Slots leaving decode (PREFILL / OFF) last, once their trajectories moved.
         for sid, role in plan.roles.items():
@@ -835,6 +834,13 @@ class RollplanPolicy(BasePolicy):
             self._informed.add(j)
         else:
             self._informed.discard(j)
+
+    def _carries_out(self, sim: Simulator, t: TrajState, plan: Any) -> bool:
+        """Whether the plan's move of ``t`` off the slot holding its KV is carried out (``_apply``, once per
+        move of each adopted plan): the decision core's ``carries_out_move`` under ``moves``."""
+        src = sim.slots[t.slot]
+        return carries_out_move(self.moves, source_leaving=src.return_by is not None or not src.present,
+                                source_decodes=plan.roles.get(src.id, src.role).decodes)
 
     def _critical(self) -> set[int]:
         """The predicted-critical trajectories (``CRITICAL_SHARE`` of the largest path, among those whose
