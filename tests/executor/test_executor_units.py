@@ -21,6 +21,7 @@ import math
 import pickle
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -283,6 +284,40 @@ def test_emptying_a_slot_counts_a_failed_move_and_makes_the_others() -> None:
     ctl = asyncio.run(go())
     assert ctl.stats.moves_failed == 1 and moved == ["t0", "t2"]
     assert {r.id: r.placement for r in ctl.runs.values()} == {"t0": "b/0", "t1": "a/0", "t2": "b/0"}
+
+
+def test_a_failed_kv_export_is_counted_and_the_move_still_made(tmp_path: Path) -> None:
+    """A trajectory in a tool call moves at once; when its source cannot re-store its KV through the
+    connector, the move is still made (the target recomputes) and the failure counted."""
+
+    class Remote:
+        def __init__(self, fail: bool) -> None:
+            self.fail, self.calls = fail, 0
+
+        async def remote(self, *args: object) -> dict:
+            self.calls += 1
+            if self.fail:
+                raise ConnectionError("engine gone")
+            return {"token_ids": [1], "finish_reason": "length"}
+
+    async def go(fail: bool) -> tuple[Controller, TrajectoryRun, int]:
+        engine = EngineConfig(model="unused", connector=KVConnectorConfig(kind="example", storage_path=str(tmp_path)))
+        ctl = Controller(ExecutorConfig(engine=engine, clock=lambda: 0.0), plan_fn=None)
+        gen = Remote(fail)
+        src = SlotRuntime("a/0", "node-a", "r", "cpu", role=Role.MIXED)
+        src.engine = SimpleNamespace(serving=True, alive=True, actor=SimpleNamespace(generate=gen))  # type: ignore[assignment]
+        ctl.add_slot(src)
+        ctl.add_slot(SlotRuntime("b/0", "node-b", "r", "cpu", role=Role.MIXED))
+        run = _run("t0")
+        run.placement = run.home = "a/0"  # between turns (no request in flight), its KV on a/0
+        ctl.runs = {"t0": run}
+        await ctl.migrate("t0", "b/0", kv=True)
+        return ctl, run, gen.calls
+
+    for fail in (False, True):
+        ctl, run, calls = asyncio.run(go(fail))
+        assert calls == 1 and run.placement == "b/0" and run.home is None and not run.kv_move
+        assert ctl.stats.kv_exports_failed == int(fail)
 
 
 # -- perf, config ----------------------------------------------------------------------------------------------

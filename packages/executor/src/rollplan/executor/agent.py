@@ -13,7 +13,6 @@ it. Types here are the public result types of ``RolloutExecutor.rollout``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -225,6 +224,8 @@ class Router(Protocol):
 
     def attempt_started(self, run: TrajectoryRun, slot: str) -> None: ...
 
+    def kv_export_failed(self, run: TrajectoryRun, slot: str | None, exc: BaseException) -> None: ...
+
     def turn_finished(self, run: TrajectoryRun, record: TurnRecord) -> None: ...
 
     def trajectory_finished(self, run: TrajectoryRun, result: TrajectoryResult) -> None: ...
@@ -365,8 +366,10 @@ class AgentLoop:
             if route.export_engine is not None:
                 # KV migration: the old engine re-stores this context's KV through the connector. If it
                 # fails (engine gone meanwhile), the target simply recomputes: same tokens, more time.
-                with contextlib.suppress(Exception):
+                try:
                     await route.export_engine.generate.remote(rid + ":x", prompt, {"max_tokens": 1})
+                except Exception as exc:
+                    self.router.kv_export_failed(run, route.export_from, exc)
                 run.kv_move = False
             self.router.attempt_started(run, route.slot)
             try:

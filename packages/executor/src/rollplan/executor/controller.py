@@ -99,6 +99,7 @@ class ControllerStats:
     moves_not_carried_out: int = 0  # a plan's migrations its source slot did not force (ExecutorConfig.moves)
     moves_failed: int = 0  # moves off an emptied slot that raised (e.g. the target went away meanwhile)
     moves_late: int = 0  # moves whose trajectory had not left its source within the wait (it still moves later)
+    kv_exports_failed: int = 0  # KV a move could not re-store from its source: the target recomputed it
 
     def actions_by_kind(self) -> dict[str, dict[str, float]]:
         by: dict[str, list[ActionRecord]] = defaultdict(list)
@@ -427,6 +428,13 @@ class Controller:
         fut = self._migrations.pop(run.id, None)
         if fut is not None and not fut.done():
             fut.set_result(slot)
+
+    def kv_export_failed(self, run: TrajectoryRun, slot: str | None, exc: BaseException) -> None:
+        """A move's KV export from ``slot`` failed (its engine went away, or the connector refused): the
+        target recomputes the context, the same tokens at more cost. Counted and logged, never raised."""
+        self.stats.kv_exports_failed += 1
+        log.warning("KV export of %s from slot %s failed (%s): recomputed on its target",
+                    run.id, slot, type(exc).__name__)
 
     def turn_finished(self, run: TrajectoryRun, record: TurnRecord) -> None:
         pass
@@ -887,10 +895,12 @@ class Controller:
             and self.config.engine.connector.enabled
         ):
             ctx = r.context + r.partial
-            with contextlib.suppress(Exception):
+            try:
                 await src.engine.actor.generate.remote(
                     f"{traj}:export:{time.monotonic_ns()}", ctx, {"max_tokens": 1}
                 )
+            except Exception as exc:
+                self.kv_export_failed(r, src.id, exc)
             r.kv_move = False
         r.home = None if r.home == source else r.home
         self._notify_routing()

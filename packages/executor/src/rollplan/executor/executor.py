@@ -394,7 +394,7 @@ class RolloutExecutor:
 
     def stats(self) -> dict[str, Any]:
         """Counters for reports: re-plans, planner status, actions by kind (count, failures, mean seconds),
-        engine start times, returns vs deadlines, moves (dropped, failed, late: ``ControllerStats``), and the
+        engine start times, returns vs deadlines, moves (dropped, failed, late, KV exports failed: ``ControllerStats``), and the
         last rollout's totals."""
         ctl = self.ctl
         st = ctl.stats
@@ -407,7 +407,7 @@ class RolloutExecutor:
             "engine_starts": list(st.engine_starts),
             "returns_before_deadline": dict(st.returns),
             "moves": {"not_carried_out": st.moves_not_carried_out, "failed": st.moves_failed,
-                      "late": st.moves_late},
+                      "late": st.moves_late, "kv_exports_failed": st.kv_exports_failed},
             "last_rollout": dict(self.last_rollout),
         }
 
