@@ -305,7 +305,8 @@ def test_a_failed_kv_export_is_counted_and_the_move_still_made(tmp_path: Path) -
         ctl = Controller(ExecutorConfig(engine=engine, clock=lambda: 0.0), plan_fn=None)
         gen = Remote(fail)
         src = SlotRuntime("a/0", "node-a", "r", "cpu", role=Role.MIXED)
-        src.engine = SimpleNamespace(serving=True, alive=True, actor=SimpleNamespace(generate=gen))  # type: ignore[assignment]
+        handle = SimpleNamespace(serving=True, alive=True, actor=SimpleNamespace(generate=gen))
+        src.engine = handle  # type: ignore[assignment]  # an engine handle whose actor's generate we script
         ctl.add_slot(src)
         ctl.add_slot(SlotRuntime("b/0", "node-b", "r", "cpu", role=Role.MIXED))
         run = _run("t0")

@@ -655,7 +655,8 @@ class Controller:
         trajectories placed on a slot that no longer decodes move (KV through the connector) to the least
         loaded decoding slot. Holds the plan lock, as ``replan`` does from snapshot to apply: a plan solved on
         the state before the switch lands before it, never after it (where its placements would put the moved
-        trajectories back on the slot they left, and its role switches would undo these). Returns once the roles are set and the moves left their source."""
+        trajectories back on the slot they left, and its role switches would undo these). Returns once the
+        roles are set and the moves left their source."""
         async with self._plan_lock:
             await self.apply_actions([Action(ActionKind.SWITCH_ROLE, s, role=r) for s, r in roles.items()])
             for sid in roles:

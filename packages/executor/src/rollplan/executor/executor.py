@@ -394,8 +394,8 @@ class RolloutExecutor:
 
     def stats(self) -> dict[str, Any]:
         """Counters for reports: re-plans, planner status, actions by kind (count, failures, mean seconds),
-        engine start times, returns vs deadlines, moves (dropped, failed, late, KV exports failed: ``ControllerStats``), and the
-        last rollout's totals."""
+        engine start times, returns vs deadlines, moves (dropped, failed, late, KV exports failed:
+        ``ControllerStats``), and the last rollout's totals."""
         ctl = self.ctl
         st = ctl.stats
         return {
