@@ -3,8 +3,9 @@
 How a developer checks an idea before it goes into the decision core (``rollplan.policy``): subclass the
 simulator's policy, replay the same cells, compare tokens/s. Each variant below was tried on issue 18's
 ``128x16-history`` cells and not adopted (docs/simulator.md, "Sessions 22 and 23's trials", "Session 24's
-trials and diagnostics", "Session 25's trials" and "Session 26's trials"); this script reproduces those
-figures:
+trials and diagnostics", "Session 25's trials", "Session 26's trials" and "Session 27"); this script reproduces
+those figures at the policy of the commit each section names (the variants subclass the policy as it is, so a
+later change to it moves them; git checkout that commit to reproduce an older section):
 
     .venv/bin/python examples/policy_trials.py --cells parcae-hh:async:0,bamboo-p3:async:2 --json
 
@@ -58,6 +59,13 @@ Session 26's (docs/simulator.md, "Session 26's trials"):
   course once it starts; a reference) as it is, and with ``critical-moves``: whether in-flight knowledge
   pays once the plan may act on it by moving the sample.
 
+Session 27's (docs/simulator.md, "Session 27: group survival after the first finisher"):
+
+- ``pooled``: the group update pools a prompt's history with its finished siblings (the history already holds
+  them) instead of replacing the history by them. Not adopted: it gains where the history is as good as the
+  batch's own samples, which the bench's stationary workload makes it (every batch redraws one recorded run
+  per prompt), and in a training job the lengths drift between epochs.
+
 Diagnostics (the figures docs/simulator.md quotes for these trials):
 
 - ``--per-batch``: each replay's rollout seconds per batch (None: the batch the window's end cuts).
@@ -96,6 +104,7 @@ from rollplan.policy.dispatch import (
     regime_makespan,
     required_room,
 )
+from rollplan.policy.predict import Predictor
 from rollplan.sim.bench_replay import BENCH_TRACES, MATRIX_MODES, matrix_scenario, matrix_workload, traj_floor
 from rollplan.sim.policies import (
     DECODING,
@@ -440,6 +449,27 @@ def critical_moves(base: type[RollplanPolicy]) -> type[RollplanPolicy]:
     return CriticalMoves
 
 
+class PooledPredictor(Predictor):
+    """``Predictor`` whose group update pools a prompt's history with its finished siblings (the history
+    already holds them) instead of replacing the history by them: a group's first finishers are its shortest
+    samples, so their mean alone reads the unfinished siblings short."""
+
+    def total(self, key: str, group: str) -> Any:
+        h = self._history.get(key)
+        g = self._groups.get(group)
+        if h is not None and h.n and (g is None or h.n > g.n):
+            return h.mean(), h, "history"
+        return super().total(key, group)
+
+
+class Pooled(RollplanPolicy):
+    """``pooled``: rollplan with ``PooledPredictor``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.predictor = PooledPredictor()
+
+
 TRIALS: dict[str, Callable[[], Any]] = {
     "rollplan": lambda: make_policy("rollplan"),
     "elastic-plus": lambda: make_policy("elastic-plus"),
@@ -465,6 +495,7 @@ TRIALS: dict[str, Callable[[], Any]] = {
     "all-moves": lambda: RollplanPolicy(moves="all"),
     "oracle-started": StartedOracleRollplan,
     "oracle-started-critical-moves": lambda: critical_moves(StartedOracleRollplan)(),
+    "pooled": Pooled,
 }
 
 

@@ -44,9 +44,22 @@ PROMPTS = (5200, 3100, 4400, 2600, 6100, 3900, 2800, 4700, 3300, 5600, 3600, 410
 DECODES = (900, 1700, 600, 1300, 400, 2000, 1100, 800, 1500, 700, 1900, 1000)
 
 
-def _specs() -> tuple[SimTraj, ...]:
-    return tuple(SimTraj(f"t{i}", f"p{i}", p, (0,), (d,), (0.0,)) for i, (p, d) in enumerate(zip(PROMPTS, DECODES,
-                                                                                                   strict=True)))
+SIBLINGS = 3
+"""In the sibling-group runs (``grouped``), trajectory i is a sample of prompt ``p{i // SIBLINGS}``."""
+
+
+def _group(i: int, grouped: bool = False) -> str:
+    return f"p{i // SIBLINGS}" if grouped else f"p{i}"
+
+
+def _prompt(i: int, grouped: bool = False) -> int:
+    """Trajectory i's prompt tokens (a group's samples share their prompt)."""
+    return PROMPTS[i - i % SIBLINGS] if grouped else PROMPTS[i]
+
+
+def _specs(grouped: bool = False) -> tuple[SimTraj, ...]:
+    return tuple(SimTraj(f"t{i}", _group(i, grouped), _prompt(i, grouped), (0,), (d,), (0.0,))
+                 for i, d in enumerate(DECODES))
 
 
 class _Recording(ElasticPlus):
@@ -96,16 +109,17 @@ def _stand_in_slot(slot_id: str) -> SlotRuntime:
     return s
 
 
-def _controller(config: ExecutorConfig, caps: dict[str, int], *, plan_fn) -> Controller:
+def _controller(config: ExecutorConfig, caps: dict[str, int], *, plan_fn, grouped: bool = False) -> Controller:
     """A controller over stand-in slots with the simulator's KV capacities, no planning loop, the history the
-    simulator's policy was warm-started with (the warm-up batch: the same prompts), and its batch started."""
+    simulator's policy was warm-started with (the warm-up batch: the same prompts, ``_specs(grouped)``), and its
+    batch started."""
     ctl = Controller(config, plan_fn=plan_fn)
     ctl.autoplan = False
     for sid in caps:
         ctl.add_slot(_stand_in_slot(sid))
         ctl.kv_capacity[sid] = caps[sid]
-    for k, (key, d) in enumerate(zip((f"p{i}" for i in range(len(PROMPTS))), DECODES, strict=True)):
-        ctl.predictor.observe(key, f"warm:{k}", Totals(float(d), 0.0, 0.0, 1.0))
+    for k, sp in enumerate(_specs(grouped)):
+        ctl.predictor.observe(sp.group, f"warm:{k}", Totals(float(sp.decode[0]), 0.0, 0.0, 1.0))
     ctl.start_batch()
     return ctl
 
@@ -244,8 +258,8 @@ def _never_solved(*_args, **_kwargs) -> Plan:
     raise AssertionError("the recorded plans are adopted directly: the planner is never called")
 
 
-async def _execute_rollplan(pol: _RecordingRollplan, caps: dict[str, int],
-                            regimes: list[bool] | None = None) -> list[tuple[str, str, str]]:
+async def _execute_rollplan(pol: _RecordingRollplan, caps: dict[str, int], regimes: list[bool] | None = None, *,
+                            grouped: bool = False) -> list[tuple[str, str, str]]:
     # The planner is replaced at the planning boundary by the simulator's recorded plans: at each recorded solve
     # the controller takes its snapshot (which refreshes its dispatch keys), with the stand-in engines reporting
     # the simulator's decode progress; each plan is adopted and applied (``Controller.adopt`` / ``apply``, as
@@ -255,12 +269,13 @@ async def _execute_rollplan(pol: _RecordingRollplan, caps: dict[str, int],
     sim = pol.sim
     ctl = _controller(ExecutorConfig(engine=EngineConfig(model="unused"), policy="rollplan", clock=lambda: 0.0,
                                      gpu_kind="h800", perf=lambda gpu, tp: sim.perf_for(gpu, tp).perf),
-                      caps, plan_fn=_never_solved)
+                      caps, plan_fn=_never_solved, grouped=grouped)
     runs = []
-    for i, p in enumerate(PROMPTS):
+    for i in range(len(PROMPTS)):
+        p = _prompt(i, grouped)
         # A budget the predictions never reach: the simulator's policy knows none (its trajectories stop at their
         # recorded length), so the controller's cap at the budget must not bind either.
-        item = RolloutItem(f"t{i}", (1,) * p, group=f"p{i}", max_turns=1,
+        item = RolloutItem(f"t{i}", (1,) * p, group=_group(i, grouped), max_turns=1,
                            sampling=SamplingConfig(max_tokens=8 * max(DECODES)))
         runs.append(TrajectoryRun(item=item, prompt_ids=[1] * p, context=[1] * p))
     ctl.runs = {r.id: r for r in runs}
@@ -326,6 +341,32 @@ def test_rollplan_plans_steer_the_same_admissions_in_both_adapters() -> None:
     got = asyncio.run(_execute_rollplan(pol, caps, regimes))
     assert got == pol.log
     assert regimes == pol.regimes  # the admission regime (rollplan.policy.dispatch.bulk_regime_pays) at each plan
+
+
+def test_sibling_groups_get_the_same_admissions_in_both_adapters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sibling groups (``SIBLINGS`` samples of a prompt, which they share: prefix caching in the engines, one
+    reservation per slot in the simulator) whose lengths differ; the history holds each prompt's mean. The
+    longer siblings run past it, so at each solve a group's most advanced unfinished sample is its floor
+    (``rollplan.policy.predict.group_floors``: group survival), which raises its pending siblings' dispatch
+    keys, also after a sibling finished. Both adapters must admit the same trajectories to the same slots, each
+    counting a group's prompt once per slot; without the controller's floors they do not (checked: the replay
+    diverges)."""
+    sc = Scenario("conformance-groups", BatchSource(_specs(grouped=True)), dedicated=2, max_batches=1,
+                  replan_interval_s=2.0, sim=SimConfig(fold_tool_s=0.0, mem_util=0.27, share_prompt=True))
+    pol = _RecordingRollplan()
+    pol.warm_start([(sp, sp.group) for sp in _specs(grouped=True)])
+    run = run_policy(sc, pol)
+    assert run.summary["trajectories_completed"] == len(PROMPTS)
+    caps = {s.id: s.kv_cap for s in pol.sim.slots}
+    admits = [e for e in pol.log if e[0] == "admit"]
+    # Not vacuous: siblings shared a slot (their prompt held once there).
+    assert any(sum(1 for _k, t, s in admits if s == slot and int(t[1:]) // SIBLINGS == g) >= 2
+               for slot in caps for g in range(len(PROMPTS) // SIBLINGS))
+    assert asyncio.run(_execute_rollplan(pol, caps, grouped=True)) == pol.log
+    import rollplan.executor.controller as controller
+
+    monkeypatch.setattr(controller, "group_floors", lambda _progress: {})
+    assert asyncio.run(_execute_rollplan(pol, caps, grouped=True)) != pol.log
 
 
 def test_the_controllers_regime_is_the_cores() -> None:

@@ -50,6 +50,7 @@ from rollplan.models import (
     gpu_kind,
     model_spec,
 )
+from rollplan.policy.predict import SURVIVAL
 
 EVENTS = sorted(TRANSITIONS)
 
@@ -150,6 +151,27 @@ def test_first_finished_sibling_predicts_the_rest_and_history_carries_over(total
     ctl.start_batch()
     nxt = ctl.predict(_run("e", per_turn=64))
     assert nxt.source == "history" and nxt.decode.mean == pytest.approx(total)
+
+
+def test_a_running_sibling_past_the_finished_ones_raises_the_groups_prediction() -> None:
+    """Group survival in the controller, as in the simulator's policy: at a snapshot the most advanced unfinished
+    run of a group is its floor (``group_floors``), also once a sibling has finished (it finished first)."""
+
+    async def go() -> tuple[float, float, float]:
+        ctl = _controller()
+        ctl.start_batch()
+        _finish(ctl, _run("short", per_turn=256, max_turns=8), 60)  # the group's first finisher: 60 tokens
+        ahead = _run("ahead", generated=400, turn=2, per_turn=256, max_turns=8)
+        pending = _run("pending", per_turn=256, max_turns=8)
+        ctl.runs = {"ahead": ahead, "pending": pending}
+        before = ctl.predict(pending).decode.mean  # no snapshot yet: the finished sibling alone
+        ctl.snapshot()
+        return before, ctl.predict(pending).decode.mean, ctl.path(pending)
+
+    before, after, path = asyncio.run(go())
+    assert before == pytest.approx(60.0)
+    assert after == pytest.approx((1.0 + SURVIVAL) * 400.0)  # 600: the running sibling has done 400
+    assert path > 0
 
 
 # -- fallback plan and snapshot ------------------------------------------------------------------------------

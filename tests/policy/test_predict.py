@@ -6,7 +6,11 @@ Invariants checked:
   unseen prompt; the prompt's own history across batches; the group (same prompt, same batch) once a sibling
   finished (Seer-style), and a new batch drops group statistics but keeps the history;
 - a trajectory past its prediction is expected to go on for ``SURVIVAL`` times what it has done (heavy tails);
-- the snapshot hot path ``remaining_raw`` agrees with ``remaining`` (hypothesis, random observations/progress);
+- group survival: a group is predicted to run at least ``1 + SURVIVAL`` times what its most advanced unfinished
+  sample has done, whatever the source (also once siblings finished: they are its short ones);
+  ``group_floors`` is that sample's progress, by brute force over random progress lists (hypothesis);
+- the snapshot hot path ``remaining_raw`` agrees with ``remaining`` (hypothesis, random observations, progress
+  and floors);
 - a budget caps the prediction (never more decode tokens or turns than the budget leaves, at least one), and
   a budget prior scales with the budget;
 - ``SpreadCheck`` counts a finished total within one / two spreads exactly when it is.
@@ -18,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollplan.policy.predict import DEFAULT_PRIOR, SURVIVAL, Predictor, SpreadCheck, Totals
+from rollplan.policy.predict import DEFAULT_PRIOR, SURVIVAL, Predictor, SpreadCheck, Totals, group_floors
 
 
 def totals(decode: float = 1000.0, prefill: float = 4000.0, tool: float = 50.0, turns: float = 10.0) -> Totals:
@@ -62,6 +66,39 @@ def test_past_its_prediction_a_trajectory_is_expected_to_go_on() -> None:
     assert r.turns.mean == pytest.approx(SURVIVAL * 12.0)
 
 
+def test_group_survival_holds_after_a_sibling_finished() -> None:
+    p = Predictor()
+    p.start_batch(0)
+    p.observe("k", "b0:g", totals(decode=3000, tool=100, turns=10))  # last batch: this prompt ran 3000 tokens
+    p.start_batch(1)
+    p.observe("k", "b1:g", totals(decode=500, tool=20, turns=4))  # this batch's first finisher: a short one
+    alone = p.remaining("k", "b1:g", NOTHING)
+    assert alone.source == "group" and alone.decode.mean == pytest.approx(500)
+    floor = Totals(decode=1200.0, prefill=0.0, tool=40.0, turns=6.0)  # a sibling still running has done this
+    r = p.remaining("k", "b1:g", NOTHING, floor=floor)
+    g = 1.0 + SURVIVAL
+    assert r.source == "group"
+    assert r.decode.mean == pytest.approx(g * 1200.0)
+    assert r.tool.mean == pytest.approx(g * 40.0) and r.turns.mean == pytest.approx(g * 6.0)
+    # A floor below 1 / (1 + SURVIVAL) of the prediction changes nothing.
+    low = p.remaining("k", "b1:g", NOTHING, floor=Totals(300.0, 0.0, 5.0, 2.0))
+    assert low.decode.mean == pytest.approx(500)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 50), st.integers(0, 9),
+                          st.integers(0, 9)), max_size=12))
+def test_group_floors_is_the_most_advanced_unfinished_sample(rows) -> None:
+    progress = [(g, float(d), float(tool), float(turns)) for g, d, tool, turns in rows]
+    floors = group_floors(progress)
+    assert set(floors) == {r[0] for r in progress}
+    for g, f in floors.items():
+        mine = [r for r in progress if r[0] == g]
+        top = max(r[1] for r in mine)
+        first = next(r for r in mine if r[1] == top)  # the first of equals
+        assert (f.decode, f.prefill, f.tool, f.turns) == (top, 0.0, first[2], first[3])
+
+
 obs = st.tuples(
     st.sampled_from(["k0", "k1", "k2"]), st.sampled_from(["g0", "g1"]),
     st.floats(1, 5e4), st.floats(0, 2e5), st.floats(0, 2e3), st.integers(1, 60),
@@ -74,14 +111,17 @@ obs = st.tuples(
     key=st.sampled_from(["k0", "k1", "k2", "k9"]),
     group=st.sampled_from(["g0", "g1", "g9"]),
     done=st.tuples(st.floats(0, 6e4), st.floats(0, 2e5), st.floats(0, 3e3), st.integers(0, 70)),
+    floor=st.one_of(st.none(), st.tuples(st.floats(0, 6e4), st.floats(0, 3e3), st.integers(0, 70))),
 )
-def test_hot_path_agrees_with_the_reference(history, key, group, done) -> None:
+def test_hot_path_agrees_with_the_reference(history, key, group, done, floor) -> None:
     p = Predictor()
     for k, g, d, pf, tool, turns in history:
         p.observe(k, g, Totals(d, pf, tool, float(turns)))
     dec_done, pf_done, tool_done, turns_done = done
-    ref = p.remaining(key, group, Totals(dec_done, pf_done, tool_done, float(turns_done)))
-    dec, pre, tool, turns, sds = p.remaining_raw(key, group, dec_done, pf_done, tool_done, float(turns_done))
+    f = None if floor is None else Totals(floor[0], 0.0, floor[1], float(floor[2]))
+    ref = p.remaining(key, group, Totals(dec_done, pf_done, tool_done, float(turns_done)), floor=f)
+    fl = (0.0, 0.0, 0.0) if f is None else (f.decode, f.tool, f.turns)
+    dec, pre, tool, turns, sds = p.remaining_raw(key, group, dec_done, pf_done, tool_done, float(turns_done), *fl)
     assert (dec, pre, tool, turns) == pytest.approx(
         (ref.decode.mean, ref.prefill.mean, ref.tool.mean, ref.turns.mean), rel=1e-9, abs=1e-9
     )

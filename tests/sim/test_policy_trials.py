@@ -10,7 +10,9 @@ sample's prompt; ``--hold-h`` leaves every batch before the trace's end as it wa
 lists each batch's last finishers, the first ending the batch, none faster than its floor; ``regime-keys``
 ranks a decode-heavy sample above a tool-heavy one of the same path, and ``model-headroom`` changes the
 headroom of some plans of a replay within its grid; ``critical-moves`` carries out a rebalancing move of a
-predicted-critical sample only (a move its slot forces, every policy carries out); bad ``--cells`` /
+predicted-critical sample only (a move its slot forces, every policy carries out); ``pooled`` predicts a
+group from its prompt's whole history (its finished siblings included) where the plain predictor takes the
+finished siblings alone; bad ``--cells`` /
 ``--trials`` / ``--hold-h`` / ``--timeline`` / ``--last`` give a one-line error and exit 2.
 """
 
@@ -46,7 +48,8 @@ def test_every_override_has_a_base_method(trials: ModuleType) -> None:
                trials.started_first(RollplanPolicy), trials.started_first(ElasticPlus), trials.Affinity,
                trials.ElasticPlusAffinity, trials.BulkAffinity, trials.BulkEvictable, trials.RegimeKeys,
                trials.ModelHeadroom, trials.CriticalApart, trials.RegimeByGroups,
-               trials.critical_moves(RollplanPolicy), trials.critical_moves(StartedOracleRollplan)]
+               trials.critical_moves(RollplanPolicy), trials.critical_moves(StartedOracleRollplan),
+               trials.PooledPredictor]
     for cls in classes:
         base = cls.__mro__[1]
         own = [k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")]
@@ -151,6 +154,23 @@ def test_regime_keys_rank_decode_heavy_samples_higher(trials: ModuleType) -> Non
     key = trials.regime_key
     assert key(p, 1, 2.0) == pytest.approx(550.0) and key(p, 2, 2.0) == pytest.approx(320.0)
     assert key(p, 1, 1.0) == key(p, 2, 1.0) == pytest.approx(300.0)  # at the reference step: as the policy
+
+
+def test_pooled_predicts_a_group_from_its_prompts_history_with_the_finished_siblings(trials: ModuleType) -> None:
+    from rollplan.policy.predict import Predictor, Totals
+
+    nothing = Totals(0.0, 0.0, 0.0, 0.0)
+    preds = (Predictor(), trials.PooledPredictor())
+    for p in preds:
+        p.start_batch(0)
+        p.observe("k", "b0:g", Totals(3000.0, 0.0, 0.0, 10.0))
+        p.observe("k", "b0:g", Totals(2000.0, 0.0, 0.0, 10.0))
+        p.start_batch(1)
+        p.observe("k", "b1:g", Totals(500.0, 0.0, 0.0, 10.0))  # this batch's first finisher, a short one
+    plain, pooled = (p.remaining("k", "b1:g", nothing) for p in preds)
+    assert plain.source == "group" and plain.decode.mean == pytest.approx(500.0)
+    assert pooled.source == "history" and pooled.decode.mean == pytest.approx(5500.0 / 3)
+    assert trials.Pooled().predictor.__class__ is trials.PooledPredictor
 
 
 def test_critical_moves_carries_out_a_rebalancing_move_of_a_critical_sample_only(trials: ModuleType) -> None:

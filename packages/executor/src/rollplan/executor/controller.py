@@ -65,7 +65,7 @@ from rollplan.policy.dispatch import (
     pessimistic_parts,
     reference_step,
 )
-from rollplan.policy.predict import Predictor, Remaining, Totals
+from rollplan.policy.predict import Predictor, Remaining, Totals, group_floors
 from rollplan.solver.core.bounds import BOUND_WORK
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,9 @@ class Controller:
         self.predictor = Predictor()
         self.batch = -1
         self._first_prediction: dict[str, tuple[float, float]] = {}
+        # Group survival (``group_floors``): per group of the batch, what its most advanced unfinished run had
+        # done at the latest snapshot; the simulator's policy refreshes its floors at the same points.
+        self._floors: dict[str, Totals] = {}
         # Dispatch keys (pessimistic path, informed prediction) per unfinished run, as of the latest snapshot
         # (``refresh_keys``) or, for a run queued since, of its queueing: the simulator's policy keeps the same
         # cache (its ``_cp``), so both adapters order and guard with the same keys.
@@ -238,11 +241,13 @@ class Controller:
         return key
 
     def refresh_keys(self) -> None:
-        """Recompute every unfinished run's dispatch key from the predictor now and re-key the waiting queue.
-        Called when a snapshot is taken (``snapshot``: each plan is solved on fresh predictions); between
+        """Recompute the group floors (``group_floors``) and every unfinished run's dispatch key from the
+        predictor now, and re-key the waiting queue. Called when a snapshot is taken (``snapshot``: each plan is solved on fresh predictions); between
         snapshots the keys stay as they were, so an admission does not re-predict every trajectory. New keys
         can change who is admitted (the order, the predicted-critical set): admission runs again."""
         self._keys = {}
+        self._floors = group_floors((self._group_key(r), float(r.generated), r.tool_seconds, float(r.turn))
+                                    for r in self.runs.values() if r.phase is not Phase.DONE)
         for r in self.runs.values():
             if r.phase is not Phase.DONE:
                 path = self._key(r)[0]
@@ -283,18 +288,27 @@ class Controller:
         evictable = self.config.policy == "elastic-plus"
         held: Counter = Counter()
         count: Counter = Counter()
-        groups: dict[str, set[str]] = defaultdict(set)
+        # slot -> group -> prompt tokens held there for the group: a prompt's KV is held once per engine while
+        # a sample of it resides there (siblings share it by prefix caching; the simulator's ``KvMemory``
+        # reserves it once per slot). Evictable (elastic-plus) once every resident sibling is in a tool call.
+        groups: dict[str, dict[str, int]] = defaultdict(dict)
         crit_slots: set[str] = set()
         for r in self.runs.values():
             ev = self._admitted.get(r.id)
             if r.phase is Phase.DONE or ev is None or not ev.is_set() or r.placement is None:
                 continue
             count[r.placement] += 1
+            prompt = len(r.prompt_ids)
+            here = groups[r.placement]
             if not (evictable and r.phase is Phase.IN_TOOL):
-                held[r.placement] += max(len(r.context) + len(r.partial), self._reserved.get(r.id, 0))
-            groups[r.placement].add(r.group)
+                held[r.placement] += max(len(r.context) + len(r.partial), self._reserved.get(r.id, 0)) - prompt
+                here[r.group] = max(here.get(r.group, 0), prompt)
+            else:
+                here.setdefault(r.group, 0)
             if r.id in critical:
                 crit_slots.add(r.placement)
+        for sid, here in groups.items():
+            held[sid] += sum(here.values())
         loads: list[SlotLoad] = []
         pref: SlotLoad | None = None
         for s in self.slots.values():
@@ -463,6 +477,7 @@ class Controller:
         self.batch += 1
         self.predictor.start_batch(self.batch)
         self._first_prediction = {}
+        self._floors = {}
         self._keys = {}
         self.waiting = DispatchQueue()
         self._admitted = {}
@@ -474,13 +489,15 @@ class Controller:
 
     def predict(self, run: TrajectoryRun) -> Remaining:
         """``run``'s remaining work (a ``rollplan.policy.predict.Remaining``): the shared predictor, with the
-        item's budget as its prior and its cap. The first prediction of each run is kept for ``SpreadCheck``."""
+        item's budget as its prior and its cap, and its group's floor as of the latest snapshot (group
+        survival). The first prediction of each run is kept for ``SpreadCheck``."""
         item = run.item
         budget = Totals(float(item.max_turns * item.sampling.max_tokens), 0.0, 0.0, float(item.max_turns))
         done = Totals(float(run.generated), float(run.observation_tokens), run.tool_seconds, float(run.turn))
         prior = Predictor.budget_prior(item.max_turns, item.sampling.max_tokens)
-        rem = Predictor.capped(self.predictor.remaining(run.group, self._group_key(run), done, prior=prior), done,
-                               budget)
+        group = self._group_key(run)
+        rem = Predictor.capped(self.predictor.remaining(run.group, group, done, floor=self._floors.get(group),
+                                                        prior=prior), done, budget)
         if run.id not in self._first_prediction:
             self._first_prediction[run.id] = (float(run.generated) + rem.decode.mean, rem.decode.spread)
         return rem

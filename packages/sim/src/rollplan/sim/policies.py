@@ -60,6 +60,7 @@ from rollplan.policy.dispatch import (
     required_room,
 )
 from rollplan.policy.dispatch import choose_slot as core_choose_slot
+from rollplan.policy.predict import Totals, group_floors
 from rollplan.sim.engine import DECODING
 
 if TYPE_CHECKING:
@@ -394,17 +395,11 @@ decode rate, on as many slots as there are critical trajectories); "share", the 
 sensitivity``). Both adapters use "model" (the executor falls back to "share" without a perf model)."""
 
 
-def _group_floors(live: Sequence[Any], progress: Sequence[tuple[float, int, float, int]]
-                  ) -> dict[str, tuple[float, float, float]]:
-    """Group survival (Seer-style, before any sibling finished): samples of one prompt have similar lengths, so
-    the sibling that has run longest is a floor for the group's length. Group -> (decode tokens, tool seconds,
-    turns) of its most advanced unfinished trajectory (``live`` with their ``sim.progress``)."""
-    floors: dict[str, tuple[float, float, float]] = {}
-    for t, (dec, turns, tool, _ctx) in zip(live, progress, strict=True):
-        f = floors.get(t.group)
-        if f is None or dec > f[0]:
-            floors[t.group] = (dec, tool, float(turns))
-    return floors
+def _group_floors(live: Sequence[Any], progress: Sequence[tuple[float, int, float, int]]) -> dict[str, Totals]:
+    """The decision core's ``group_floors`` of ``live`` (unfinished trajectories, with their ``sim.progress``):
+    group -> what its most advanced unfinished trajectory has done (group survival)."""
+    return group_floors((t.group, dec, tool, float(turns)) for t, (dec, turns, tool, _ctx) in zip(live, progress,
+                                                                                                  strict=True))
 
 
 class RollplanPolicy(BasePolicy):
@@ -487,7 +482,7 @@ class RollplanPolicy(BasePolicy):
         self._cp: dict[int, float] = {}
         self._cp_dec: dict[int, float] = {}  # the decode seconds of ``_cp`` (``pessimistic_parts``)
         self._informed: set[int] = set()  # trajectories whose prediction knows them (INFORMED_SOURCES)
-        self._floors: dict[str, Any] = {}
+        self._floors: dict[str, Totals] = {}
         self._heap: list[tuple[float, int, int]] = []
         self._batch = -1
         self._last_plan_t = -math.inf
@@ -556,7 +551,7 @@ class RollplanPolicy(BasePolicy):
         if f is None:
             rem = self.predictor.remaining_raw(t.key, t.group, dec, pf_done, tool, turns)
         else:
-            rem = self.predictor.remaining_raw(t.key, t.group, dec, pf_done, tool, turns, f[0], f[1], f[2])
+            rem = self.predictor.remaining_raw(t.key, t.group, dec, pf_done, tool, turns, f.decode, f.tool, f.turns)
         a = self._a_ref
         sds = rem[4]
         dec_s, tool_s = pessimistic_parts(rem[0], sds[0], rem[2], sds[2], a, self.dispatch_z)
@@ -936,16 +931,12 @@ class RollplanPolicy(BasePolicy):
 
     def warm_start(self, history: Sequence[tuple[Any, str]]) -> None:
         """Observe finished trajectories of earlier RL steps (the job ran before the replay window)."""
-        from rollplan.sim.predict import Totals
-
         for k, (spec, key) in enumerate(history):
             self.predictor.observe(key, f"warm:{k}", Totals(float(sum(spec.decode)), float(sum(spec.prefill[1:])),
                                                            float(sum(spec.tool)), float(len(spec.decode))))
         self.predictor.start_batch(-2)
 
     def on_traj_done(self, sim: Simulator, j: int) -> None:
-        from rollplan.sim.predict import Totals
-
         t = sim.trajs[j]
         self.predictor.observe(t.key, t.group, Totals(float(sum(t.dec)), float(sum(t.pf[1:])), float(sum(t.tool)),
                                                       float(t.n)))

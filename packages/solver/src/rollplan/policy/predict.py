@@ -11,7 +11,12 @@ prefill tokens, tool seconds and turns. The simulator's policies and the executo
    the executor's per-item budget: ``Predictor.budget_prior``).
 2. Seer-style group update: once a sibling (same group = same prompt, same batch) has finished, the group's
    finished samples replace the prior (GRPO samples of one prompt have similar lengths).
-3. Survival: a trajectory already past its predicted total is expected to go on for a fraction
+3. Group survival: the group's most advanced unfinished sample (``group_floors``) is a floor: the group is
+   predicted to run at least ``1 + SURVIVAL`` times what that sample has done, whichever source the total
+   comes from. The unfinished siblings are right-censored observations of the group's lengths (each will run
+   at least as far as it has); the finished ones are the group's *first* finishers, so once some have
+   finished their mean alone reads the rest of the group short.
+4. Survival: a trajectory already past its predicted total is expected to go on for a fraction
    (``SURVIVAL``) of what it has done (heavy tails), at least one more turn.
 
 The remaining prediction is the predicted total minus what the trajectory has observably done (tokens decoded,
@@ -25,6 +30,7 @@ Pure bookkeeping: no I/O, no clock.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from rollplan.models.types import Estimate
@@ -38,6 +44,21 @@ class Totals:
     prefill: float
     tool: float
     turns: float
+
+
+def group_floors(progress: Iterable[tuple[str, float, float, float]]) -> dict[str, Totals]:
+    """Group -> what its most advanced unfinished trajectory has done (decode tokens, tool seconds, turns; the
+    prefill field 0): the floor ``Predictor.remaining`` / ``remaining_raw`` take for every trajectory of the
+    group. ``progress``: (group, decode tokens, tool seconds, turns done) of each unfinished trajectory of the
+    batch. "Most advanced": the most decode tokens (the first of equals). Callers: both adapters, at each
+    snapshot (the simulator's policies, the executor's controller), with what each trajectory has observably
+    done then."""
+    out: dict[str, Totals] = {}
+    for group, dec, tool, turns in progress:
+        f = out.get(group)
+        if f is None or dec > f.decode:
+            out[group] = Totals(dec, 0.0, tool, turns)
+    return out
 
 
 DEFAULT_PRIOR = Totals(decode=4096.0, prefill=16384.0, tool=60.0, turns=24.0)
@@ -199,9 +220,9 @@ class Predictor:
         floor_dec: float = 0.0, floor_tool: float = 0.0, floor_turns: float = 0.0,
     ) -> tuple[float, float, float, float, tuple[float, float, float, float]]:
         """``remaining`` on plain floats (the snapshot's hot path): (decode, prefill, tool, turns, spreads)."""
-        tot, sds, src = self._cached_total(key, group)
+        tot, sds, _src = self._cached_total(key, group)
         t_dec, t_pf, t_tool, t_turns = tot.decode, tot.prefill, tot.tool, tot.turns
-        if src != "group" and floor_dec * (1.0 + SURVIVAL) > t_dec:
+        if floor_dec * (1.0 + SURVIVAL) > t_dec:
             g = 1.0 + SURVIVAL
             t_pf = max(t_pf, t_pf / max(t_dec, 1.0) * floor_dec * g)
             t_dec = floor_dec * g
@@ -222,13 +243,14 @@ class Predictor:
     def remaining(self, key: str, group: str, done: Totals, floor: Totals | None = None,
                   prior: Totals | None = None) -> Remaining:
         """Remaining work of a trajectory that has observably done ``done`` so far. ``floor``: what the most
-        advanced unfinished sibling has done; until a sibling finishes, the group is predicted to run at least
-        ``1 + SURVIVAL`` times that (group survival). ``prior``: this trajectory's own prior (e.g. its item's
+        advanced unfinished sibling has done (``group_floors``); the group is predicted to run at least
+        ``1 + SURVIVAL`` times that (group survival), also once some siblings have finished (they are its
+        short ones). ``prior``: this trajectory's own prior (e.g. its item's
         ``budget_prior``), used instead of the predictor's while nothing has finished."""
         tot, sds, src = self._cached_total(key, group)
         if prior is not None and src == "default":
             tot = prior
-        if floor is not None and src != "group" and floor.decode * (1.0 + SURVIVAL) > tot.decode:
+        if floor is not None and floor.decode * (1.0 + SURVIVAL) > tot.decode:
             g = 1.0 + SURVIVAL
             tot = Totals(floor.decode * g, max(tot.prefill, tot.prefill / max(tot.decode, 1.0) * floor.decode * g),
                          max(tot.tool, floor.tool * g), max(tot.turns, floor.turns * g))
