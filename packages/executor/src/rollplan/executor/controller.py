@@ -242,9 +242,10 @@ class Controller:
 
     def refresh_keys(self) -> None:
         """Recompute the group floors (``group_floors``) and every unfinished run's dispatch key from the
-        predictor now, and re-key the waiting queue. Called when a snapshot is taken (``snapshot``: each plan is solved on fresh predictions); between
-        snapshots the keys stay as they were, so an admission does not re-predict every trajectory. New keys
-        can change who is admitted (the order, the predicted-critical set): admission runs again."""
+        predictor now, and re-key the waiting queue. Called when a snapshot is taken (``snapshot``: each plan
+        is solved on fresh predictions); between snapshots the keys stay as they were, so an admission does
+        not re-predict every trajectory. New keys can change who is admitted (the order, the
+        predicted-critical set): admission runs again."""
         self._keys = {}
         self._floors = group_floors((self._group_key(r), float(r.generated), r.tool_seconds, float(r.turn))
                                     for r in self.runs.values() if r.phase is not Phase.DONE)

@@ -245,8 +245,8 @@ class Predictor:
         """Remaining work of a trajectory that has observably done ``done`` so far. ``floor``: what the most
         advanced unfinished sibling has done (``group_floors``); the group is predicted to run at least
         ``1 + SURVIVAL`` times that (group survival), also once some siblings have finished (they are its
-        short ones). ``prior``: this trajectory's own prior (e.g. its item's
-        ``budget_prior``), used instead of the predictor's while nothing has finished."""
+        short ones). ``prior``: this trajectory's own prior (e.g. its item's ``budget_prior``), used instead
+        of the predictor's while nothing has finished."""
         tot, sds, src = self._cached_total(key, group)
         if prior is not None and src == "default":
             tot = prior
