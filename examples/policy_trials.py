@@ -3,9 +3,9 @@
 How a developer checks an idea before it goes into the decision core (``rollplan.policy``): subclass the
 simulator's policy, replay the same cells, compare tokens/s. Each variant below was tried on issue 18's
 ``128x16-history`` cells and not adopted (docs/simulator.md, "Sessions 22 and 23's trials", "Session 24's
-trials and diagnostics", "Session 25's trials", "Session 26's trials" and "Session 27"); this script reproduces
-those figures at the policy of the commit each section names (the variants subclass the policy as it is, so a
-later change to it moves them; git checkout that commit to reproduce an older section):
+trials and diagnostics", "Session 25's trials", "Session 26's trials", "Session 27" and "Session 28's trials");
+this script reproduces those figures at the policy of the commit each section names (the variants subclass the
+policy as it is, so a later change to it moves them; git checkout that commit to reproduce an older section):
 
     .venv/bin/python examples/policy_trials.py --cells parcae-hh:async:0,bamboo-p3:async:2 --json
 
@@ -66,6 +66,14 @@ Session 27's (docs/simulator.md, "Session 27: group survival after the first fin
   batch's own samples, which the bench's stationary workload makes it (every batch redraws one recorded run
   per prompt), and in a training job the lengths drift between epochs.
 
+Session 28's (docs/simulator.md, "Session 28's trials"):
+
+- ``isolate``: while the latest plan finds the batch bound by its critical path, each adopted plan is
+  followed by moving (KV transfer) the residents of every slot hosting a predicted-critical sample that are
+  not predicted-critical to the slot hosting none that admits them under the policy's own headroom, so the
+  critical sample's steps carry fewer co-runners (the oracle's edge on the long Bamboo batches).
+- ``isolate-fit``: the same, a destination keeping only the watermark free.
+
 Diagnostics (the figures docs/simulator.md quotes for these trials):
 
 - ``--per-batch``: each replay's rollout seconds per batch (None: the batch the window's end cuts).
@@ -116,7 +124,7 @@ from rollplan.sim.policies import (
     make_policy,
 )
 from rollplan.sim.replay import perf_factory, run_policy
-from rollplan.sim.state import DONE
+from rollplan.sim.state import DONE, MOVE, PREFILL
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 STARTED_FIRST = 1e12
@@ -449,6 +457,51 @@ def critical_moves(base: type[RollplanPolicy]) -> type[RollplanPolicy]:
     return CriticalMoves
 
 
+class Isolate(RollplanPolicy):
+    """``isolate``: while the latest plan finds the batch bound by its critical path, each adopted plan is
+    followed by moving (KV transfer) the residents of every slot hosting a predicted-critical sample that are
+    not predicted-critical themselves to the slot hosting none that admits them under the policy's own rule
+    (fewest residents, then most free KV): the critical sample's steps then carry fewer co-runners."""
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        super()._apply(sim, plan)
+        if not self._bulk_bound:
+            self._isolate(sim)
+
+    headroom = True  # the destination keeps the policy's headroom (``isolate-fit``: only the watermark)
+
+    def _isolate(self, sim: Any) -> None:
+        crit = self._critical()
+        crit_slots = set(self._critical_slots(sim, crit))
+        if not crit_slots:
+            return
+        lo = self.headrooms.levels(False)[1] if self.headroom else 0.0
+        for sidx in sorted(crit_slots):
+            src = sim.slots[sidx]
+            for r in list(src.residents):
+                t = sim.trajs[r]
+                if r in crit or not t.kv_ok or t.state in (PREFILL, MOVE):
+                    continue
+                need = t.reserved + t.sh
+                best = None
+                for d in self.candidates(sim):
+                    if d.idx in crit_slots:
+                        continue
+                    room = d.kv_free - d.watermark + sim.prefix_bonus(d, t) - need
+                    if room < required_room(lo, d.kv_cap, d.watermark, need):
+                        continue
+                    if best is None or d.n_res < best.n_res or (d.n_res == best.n_res and d.kv_free > best.kv_free):
+                        best = d
+                if best is not None:
+                    sim.migrate(r, best.idx, by_kv=True)
+
+
+class IsolateFit(Isolate):
+    """``isolate-fit``: ``isolate`` with destinations that only keep the watermark free."""
+
+    headroom = False
+
+
 class PooledPredictor(Predictor):
     """``Predictor`` whose group update pools a prompt's history with its finished siblings (the history
     already holds them) instead of replacing the history by them: a group's first finishers are its shortest
@@ -491,6 +544,8 @@ TRIALS: dict[str, Callable[[], Any]] = {
     "model-headroom": ModelHeadroom,
     "critical-apart": CriticalApart,
     "regime-by-groups": RegimeByGroups,
+    "isolate": Isolate,
+    "isolate-fit": IsolateFit,
     "critical-moves": lambda: critical_moves(RollplanPolicy)(),
     "all-moves": lambda: RollplanPolicy(moves="all"),
     "oracle-started": StartedOracleRollplan,

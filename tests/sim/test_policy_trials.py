@@ -12,7 +12,8 @@ ranks a decode-heavy sample above a tool-heavy one of the same path, and ``model
 headroom of some plans of a replay within its grid; ``critical-moves`` carries out a rebalancing move of a
 predicted-critical sample only (a move its slot forces, every policy carries out); ``pooled`` predicts a
 group from its prompt's whole history (its finished siblings included) where the plain predictor takes the
-finished siblings alone; bad ``--cells`` /
+finished siblings alone; ``isolate`` / ``isolate-fit`` move only residents that are not predicted-critical,
+off a slot hosting a predicted-critical sample, to one hosting none; bad ``--cells`` /
 ``--trials`` / ``--hold-h`` / ``--timeline`` / ``--last`` give a one-line error and exit 2.
 """
 
@@ -218,3 +219,32 @@ def test_bad_input_is_one_line(trials: ModuleType, capsys: pytest.CaptureFixture
     assert trials.main(args) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err
+
+
+@pytest.mark.parametrize("variant", ["Isolate", "IsolateFit"])
+def test_isolate_moves_only_non_critical_residents_off_critical_slots(shared_data: Path, trials: ModuleType,
+                                                                      variant: str) -> None:
+    moves: list[tuple[bool, bool, bool]] = []
+
+    class Probe(getattr(trials, variant)):  # type: ignore[misc]
+        def _isolate(self, sim):  # type: ignore[no-untyped-def]
+            real = sim.migrate
+
+            def spy(j, target, *, by_kv):  # type: ignore[no-untyped-def]
+                crit = self._critical()
+                slots = {sim.trajs[c].slot for c in crit}
+                moves.append((j in crit, sim.trajs[j].slot in slots, target in slots))
+                return real(j, target, by_kv=by_kv)
+
+            sim.migrate = spy
+            try:
+                super()._isolate(sim)
+            finally:
+                sim.migrate = real
+
+    sc = matrix_scenario(shared_data, "bamboo-g4dn", "async", matrix_workload("128x16-history"), window_h=0.3)
+    run_policy(sc, Probe())
+    # isolate-fit moves some in this window; isolate none (every other slot is at its headroom while critical
+    # samples have co-residents)
+    assert bool(moves) is (variant == "IsolateFit")
+    assert all(not critical and from_critical and not to_critical for critical, from_critical, to_critical in moves)
