@@ -3,7 +3,8 @@
 Checked: the matrix has one cell per trace x mode x workload, each with every policy's tokens/s, the ceiling
 and the best other policy; the share of what is left and the targets are what a hand computation from the
 cell's own numbers gives; a no-history cell starts with an empty length history (and a history cell does
-not); the window cut is honoured; the CLI flag prints the matrix and rejects bad input with one line.
+not); the window cut is honoured; the CLI flag prints the matrix and rejects bad input with one line;
+``--fold-tool-s`` reaches every cell's simulator (0: more events, turn by turn) and the document records it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from rollplan.sim.bench_replay import (
+    FOLD_TOOL_S,
     MATRIX_MODES,
     MATRIX_WORKLOADS,
     below_best_other,
@@ -144,6 +146,22 @@ def test_cli_matrix(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> No
     cells = out["matrix"]["cells"]
     assert len(cells) == len(MATRIX_MODES) * len(MATRIX_WORKLOADS)
     assert {c["window_s"] for c in cells} == {72.0}
+    assert out["scenario"]["fold_tool_s"] == FOLD_TOOL_S
+
+
+def test_cli_matrix_fold_tool_s_reaches_every_cell(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--fold-tool-s 0``: every scenario replays turn by turn (more events than the default folding, the same
+    cells), and the document says which folding it ran."""
+    events = {}
+    for fold in ("0", str(FOLD_TOOL_S)):
+        assert main(["bench", "replay", "--matrix", "--json", "--data", str(shared_data), "--traces", "parcae-hh",
+                     "--window-h", "0.02", "--jobs", "1", "--fold-tool-s", fold]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["scenario"]["fold_tool_s"] == float(fold)
+        events[fold] = {(c["mode"], c["workload"]): c["row"]["events"] for c in out["matrix"]["cells"]}
+    exact, folded = events["0"], events[str(FOLD_TOOL_S)]
+    assert exact.keys() == folded.keys()
+    assert all(exact[k] >= folded[k] for k in exact) and sum(exact.values()) > sum(folded.values())
 
 
 @pytest.mark.parametrize("args", [
@@ -155,6 +173,9 @@ def test_cli_matrix(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> No
     ["--matrix", "--window-h", "-2"],
     ["--matrix", "--window-h", "inf"],
     ["--window-h", "1"],
+    ["--fold-tool-s", "-1"],
+    ["--matrix", "--fold-tool-s", "nan"],
+    ["--fold-tool-s", "0", "--spec-tokens", "4"],
 ])
 def test_cli_matrix_rejects_bad_input(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "replay", *args]) == 2

@@ -328,6 +328,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                           "0: one per CPU core, at most one per policy.")] = 0,
         tool_kv: ToolKvOption = "evictable",
         share_prompt: SharePromptOption = True,
+        fold_tool_s: Annotated[float | None, typer.Option("--fold-tool-s", help="Simulator segment folding for "
+                                                          "every scenario (0: exact turn-level events); default: "
+                                                          "the simulator's (30 s).")] = None,
         mode: Annotated[str | None, typer.Option("--mode", help="sync (the bench's, the default: rollout, then the "
                                                  "training step) | async (one-step off-policy, as PEARL).")] = None,
         per_batch: Annotated[bool, typer.Option("--per-batch", help="Add each batch's floor and every policy's "
@@ -424,6 +427,15 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
             SimConfig(divide_tokens=divide_tokens)  # a bad value is a one-line error before any replay
         mode = mode or "sync"
+        from rollplan.sim.bench_replay import FOLD_TOOL_S
+
+        if fold_tool_s is not None and not (math.isfinite(fold_tool_s) and fold_tool_s >= 0.0):
+            raise UserInputError(f"--fold-tool-s must be a number of seconds >= 0, got {fold_tool_s}",
+                                 fix="pass e.g. --fold-tool-s 0 (every turn its own segment), or leave it out (30)")
+        if fold_tool_s is not None and (spec_tokens or divide_tokens):
+            raise UserInputError("--fold-tool-s applies to the default bench and --matrix only",
+                                 fix="leave out --fold-tool-s with --spec-tokens or --divide-tokens")
+        fold = FOLD_TOOL_S if fold_tool_s is None else fold_tool_s
         if dispersion is not None:
             from rollplan.sim.workload import check_dispersion
 
@@ -436,12 +448,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if matrix and seed_list is not None:
             _bench_matrix_seeds(data, names, seeds=seed_list, jobs=jobs or default_jobs(), tool_kv=tool_kv,
                                 share_prompt=share_prompt, window_h=window_h, as_json=as_json, regime=regime,
-                                moves=moves, oracle=oracle)
+                                moves=moves, oracle=oracle, fold_tool_s=fold)
             return
         if matrix:
             _bench_matrix(data, names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv,
                           share_prompt=share_prompt, per_batch=per_batch, window_h=window_h, as_json=as_json,
-                          regime=regime, moves=moves, oracle=oracle)
+                          regime=regime, moves=moves, oracle=oracle, fold_tool_s=fold)
             return
         if window_h is not None:
             from rollplan.sim.bench_replay import check_window_h
@@ -466,7 +478,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                                file=sys.stderr))), indent=1))
             return
         doc = run_bench(data, traces=names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv, share_prompt=share_prompt,
-                        mode=mode, per_batch=per_batch, dispersion=dispersion, first_epoch=first_epoch, regime=regime, moves=moves,
+                        fold_tool_s=fold, mode=mode, per_batch=per_batch, dispersion=dispersion, first_epoch=first_epoch, regime=regime, moves=moves,
                         oracle=oracle, on_trace=None if as_json else (lambda n: print(f"replaying {n} ...", file=sys.stderr)))
         print(json.dumps(doc, indent=1))
         if as_json:
@@ -490,13 +502,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
 def _bench_matrix(data: Path, names: tuple[str, ...] | None, *, seed: int, jobs: int, tool_kv: str,
                   share_prompt: bool, per_batch: bool, window_h: float | None, as_json: bool,
-                  regime: str, moves: str, oracle: bool = False) -> None:
+                  regime: str, moves: str, fold_tool_s: float, oracle: bool = False) -> None:
     """``bench replay --matrix``: the JSON (``run_matrix``), then, without ``--json``, a table on stderr."""
     from rollplan.sim.bench_replay import check_window_h, run_matrix
 
     check_window_h(window_h)
     doc = run_matrix(data, traces=names, seed=seed, jobs=jobs, tool_kv=tool_kv, share_prompt=share_prompt,
-                     per_batch=per_batch, window_h=window_h, regime=regime, moves=moves, oracle=oracle,
+                     fold_tool_s=fold_tool_s, per_batch=per_batch, window_h=window_h, regime=regime, moves=moves, oracle=oracle,
                      on_cell=None if as_json else (lambda n, m, w: print(f"replaying {n} {m} {w} ...", file=sys.stderr)))
     print(json.dumps(doc, indent=1))
     if as_json:
@@ -549,7 +561,7 @@ def _print_table(table: Any, summary: str) -> None:
 
 def _bench_matrix_seeds(data: Path, names: tuple[str, ...] | None, *, seeds: tuple[int, ...], jobs: int,
                         tool_kv: str, share_prompt: bool, window_h: float | None, as_json: bool,
-                        regime: str, moves: str, oracle: bool) -> None:
+                        regime: str, moves: str, oracle: bool, fold_tool_s: float) -> None:
     """``bench replay --matrix --seeds``: the JSON (``run_matrix_seeds``), then, without ``--json``, a table of
     each cell's spread on stderr."""
     from rollplan.sim.bench_replay import check_window_h
@@ -558,7 +570,7 @@ def _bench_matrix_seeds(data: Path, names: tuple[str, ...] | None, *, seeds: tup
     check_window_h(window_h)
     doc = run_matrix_seeds(
         data, seeds=seeds, traces=names, jobs=jobs, tool_kv=tool_kv, share_prompt=share_prompt, window_h=window_h,
-        regime=regime, moves=moves, oracle=oracle,
+        fold_tool_s=fold_tool_s, regime=regime, moves=moves, oracle=oracle,
         on_seed=None if as_json else (lambda s: print(f"matrix, seed {s} ...", file=sys.stderr)),
         on_cell=None if as_json else (lambda n, m, w: print(f"  replaying {n} {m} {w} ...", file=sys.stderr)))
     print(json.dumps(doc, indent=1))
