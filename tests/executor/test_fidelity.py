@@ -55,10 +55,11 @@ def test_workload_is_seeded_fits_and_matches_the_simulated_course(seed: int, gro
         assert sum(sim.prefill) == sum(w.observations) and math.isclose(sim.tool_seconds, sum(w.tools))
 
 
-def test_simulated_run_finishes_every_trajectory_for_each_policy() -> None:
+@pytest.mark.parametrize("fold", [None, 0.0])
+def test_simulated_run_finishes_every_trajectory_for_each_policy(fold: float | None) -> None:
     work = _work()
     for policy in FIDELITY_POLICIES:
-        out = simulate(policy, work, Script(), measured_provider("tiny"), _config(policy))
+        out = simulate(policy, work, Script(), measured_provider("tiny"), _config(policy), fold_tool_s=fold)
         assert set(out["completion_s"]) == {w.id for w in work}
         assert out["rollout_s"] == max(out["completion_s"].values()) > 0
         # no trajectory finishes before its own tool waits and decode steps could
@@ -93,6 +94,8 @@ def test_bad_input_gives_one_line_errors(tmp_path: Path, capsys: pytest.CaptureF
         (["--seeds", "a,b"], "--seeds"),
         (["--policies", "rollplan,static"], "static"),
         (["--data", str(tmp_path)], "agent_swebench_tool_calls.csv"),
+        (["--also-fold-tool-s", "x"], "--also-fold-tool-s"),
+        (["--also-fold-tool-s", "-1"], "--also-fold-tool-s"),
     ):
         assert main(["bench", "fidelity", *args]) == 2
         err = capsys.readouterr().err
@@ -107,8 +110,11 @@ def test_real_run_against_its_simulation(shared_data: Path) -> None:
     """One seed, one policy, 12 trajectories: every trajectory finishes on the real engines, the simulator's
     rollout time is within a factor of 1.5 of the real one (the bench's target is 15% at full size)."""
     out = run_fidelity(seeds=(0,), policies=("elastic-plus",), data_dir=shared_data, groups=3,
-                       profile_batches=(1, 8))
+                       profile_batches=(1, 8), also_folds=(0.0,))
     row = out["runs"][0]["policies"]["elastic-plus"]
+    turn_by_turn = row["sim_by_fold"]["0.0"]  # the same real run, the simulator replaying it turn by turn
+    assert turn_by_turn["sim_rollout_s"] > 0 and math.isfinite(turn_by_turn["error"])
+    assert out["policies"]["elastic-plus"]["by_fold"]["0.0"]["sim_rollout_s"] == [turn_by_turn["sim_rollout_s"]]
     assert row["real_done"] == 12
     assert row["real_rollout_s"] > 0 and row["sim_rollout_s"] > 0
     assert abs(row["error"]) < 0.5, json.dumps(row)[:2000]

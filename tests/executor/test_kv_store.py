@@ -7,7 +7,9 @@ Invariants checked:
 - an incomplete entry (marker missing, a layer file cut short: an engine killed mid-write) never matches:
   the engine recomputes instead of dying, gives the same tokens, and the entry is rewritten complete.
   vLLM's plain ``ExampleConnector`` matches such an entry and its EngineCore dies (EngineDeadError), which
-  is what failed CI after a node removal.
+  is what failed CI after a node removal;
+- a complete entry that lost a layer file (its marker lists the files) is not matched either: recomputed,
+  stored again, then loaded.
 """
 
 from __future__ import annotations
@@ -83,3 +85,20 @@ def test_incomplete_entry_is_recomputed_not_loaded(engine: ReferenceEngine, stor
     assert (entry / "COMPLETE").exists()  # stored again, whole
     third, cached = run(engine, prompt)
     assert cached == 2 * BLOCK and third == first
+
+
+def test_complete_entry_missing_a_layer_file_is_recomputed_not_loaded(engine: ReferenceEngine, store: Path) -> None:
+    prompt = list(range(500, 570))  # 70 tokens: 2 whole blocks
+    before = entries(store)
+    first, _ = run(engine, prompt)
+    (entry,) = entries(store) - before
+    # A complete entry whose layer file went missing (seen in ``rollplan bench fidelity``: every engine
+    # restarted on the store matched it and died, in a loop): the marker stays, a layer file does not.
+    assert (entry / "COMPLETE").read_text().splitlines() == sorted(p.name for p in entry.glob("*.safetensors"))
+    sorted(entry.glob("*.safetensors"))[0].unlink()
+
+    again, cached = run(engine, prompt)
+    assert cached == 0 and again == first  # recomputed, the engine alive
+    third, cached = run(engine, prompt)
+    assert cached == 2 * BLOCK and third == first  # stored again, whole, and loaded
+

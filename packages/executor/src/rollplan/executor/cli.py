@@ -11,6 +11,7 @@ Registration imports nothing heavy: Ray and vLLM load only when the command runs
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -162,6 +163,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         tool_scale: Annotated[
             float, typer.Option("--tool-scale", help="Seconds of tool wait per second in the SWE-bench traces.")
         ] = -1.0,
+        also_fold_tool_s: Annotated[
+            str, typer.Option("--also-fold-tool-s", help="Comma list of segment foldings the simulator also "
+                              "replays each real run with (0: turn by turn); the JSON's 'sim_by_fold'.")
+        ] = "",
     ) -> None:
         """Real vLLM CPU engines under the executor vs the simulator, same workload, script and policy."""
         from rollplan.executor.fidelity import DEFAULT_TOOL_SCALE, FIDELITY_POLICIES, run_fidelity
@@ -180,6 +185,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if not names:
             raise SchemaError("--policies", "no policy given", fix="e.g. --policies rollplan,elastic-plus")
         scale = DEFAULT_TOOL_SCALE if tool_scale < 0 else tool_scale
+        try:
+            folds = tuple(float(x) for x in also_fold_tool_s.split(",") if x.strip())
+        except ValueError:
+            raise SchemaError("--also-fold-tool-s", f"not a list of numbers: {also_fold_tool_s!r}",
+                              fix="e.g. --also-fold-tool-s 0") from None
+        if any(not (math.isfinite(f) and f >= 0.0) for f in folds):
+            raise SchemaError("--also-fold-tool-s", f"every folding must be a number of seconds >= 0: {folds}",
+                              fix="e.g. --also-fold-tool-s 0")
         if not (data / "agent_swebench_tool_calls.csv").is_file():
             raise SchemaError(str(data), "has no agent_swebench_tool_calls.csv",
                               fix="pass --data the shared data folder (../shared/data)")
@@ -187,7 +200,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         def log(msg: str) -> None:
             print(f"[bench fidelity] {msg}", file=sys.stderr, flush=True)
 
-        out = run_fidelity(seeds=seed_list, policies=names, data_dir=data, groups=groups, tool_scale=scale, log=log)
+        out = run_fidelity(seeds=seed_list, policies=names, data_dir=data, groups=groups, tool_scale=scale, log=log,
+                           also_folds=folds)
         if json_out:
             print(json.dumps(out, indent=2))
             return

@@ -35,7 +35,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -357,15 +357,18 @@ class _OneBatch:
 
 
 def simulate(policy: str, work: Sequence[FidelityTrajectory], script: Script, provider: Any,
-             config: Any, *, turn_overhead_s: float = 0.0, start_interference: float = 0.0) -> dict[str, Any]:
+             config: Any, *, turn_overhead_s: float = 0.0, start_interference: float = 0.0,
+             fold_tool_s: float | None = None) -> dict[str, Any]:
     """The simulator's run of ``work`` under ``policy`` and ``script`` on ``provider``'s model, with the
     executor ``config``'s planner settings, re-plan interval and engine limits (``turn_overhead_s``: see
-    ``FidelityTrajectory.sim``)."""
+    ``FidelityTrajectory.sim``; ``fold_tool_s``: the simulator's segment folding, None: its default)."""
     from rollplan.sim.engine import FastPerf, SimConfig, Simulator
     from rollplan.sim.policies import make_policy
 
     sim_cfg = SimConfig(max_num_seqs=config.engine.max_num_seqs, role_switch_s=config.role_switch_seconds,
                         start_interference=start_interference)
+    if fold_tool_s is not None:
+        sim_cfg = replace(sim_cfg, fold_tool_s=fold_tool_s)
     cache: dict[tuple[str, int], Any] = {}
 
     def perf_for(gpu: str, tp: int) -> Any:
@@ -456,11 +459,15 @@ def run_fidelity(
     *, seeds: Sequence[int] = (0,), policies: Sequence[str] = FIDELITY_POLICIES, data_dir: str | Path,
     groups: int = 24, group_size: int = 4, tool_scale: float = DEFAULT_TOOL_SCALE, script: Script = Script(),
     profile_batches: Sequence[int] = (1, 4, 16, 32, 64), log: Callable[[str], None] = lambda m: None,
+    also_folds: Sequence[float] = (),
 ) -> dict[str, Any]:
     """The bench (module docstring). Every real run profiles its own engines before its rollout and its
     simulation runs on that calibration (``calibrate``); the real run's planner uses the previous run's
-    calibration (the first one: ``MeasuredPerfModel``'s defaults, measured on this kind of machine). Returns
-    one JSON-ready dict."""
+    calibration (the first one: ``MeasuredPerfModel``'s defaults, measured on this kind of machine).
+    ``also_folds``: the simulator also replays each real run with these segment foldings
+    (``SimConfig.fold_tool_s``; 0: turn by turn), reported per run and policy under ``sim_by_fold`` and in
+    ``policies[p]["by_fold"]``; the ranking and the figures above stay the default folding's. Returns one
+    JSON-ready dict."""
     for p in policies:
         if p not in FIDELITY_POLICIES:
             from rollplan.models.errors import UnknownNameError
@@ -490,6 +497,15 @@ def run_fidelity(
                 sim = simulate(policy, work, script, provider, _config(model, tmp, policy),
                                turn_overhead_s=overhead, start_interference=cal["start_interference"])
                 err = (sim["rollout_s"] - real["rollout_s"]) / real["rollout_s"]
+                by_fold = {}
+                for fold in also_folds:
+                    other = simulate(policy, work, script, provider, _config(model, tmp, policy),
+                                     turn_overhead_s=overhead, start_interference=cal["start_interference"],
+                                     fold_tool_s=fold)
+                    by_fold[str(fold)] = {
+                        "sim_rollout_s": other["rollout_s"],
+                        "error": (other["rollout_s"] - real["rollout_s"]) / real["rollout_s"],
+                        "completion_error": _errors(real["completion_s"], other["completion_s"])}
                 row["policies"][policy] = {
                     "real_rollout_s": real["rollout_s"], "sim_rollout_s": sim["rollout_s"], "error": err,
                     "completion_error": _errors(real["completion_s"], sim["completion_s"]),
@@ -497,7 +513,7 @@ def run_fidelity(
                     "real_done": real["done"], "real_tokens": real["tokens"], "replans": real["replans"],
                     "mean_plan_s": real["mean_plan_s"],
                     "actions": {k: v["count"] for k, v in real["actions"].items()}, "events": real["events"],
-                    "sim_wall_s": sim["wall_s"], "slowest": real["slowest"],
+                    "sim_wall_s": sim["wall_s"], "slowest": real["slowest"], "sim_by_fold": by_fold,
                     "controller_events": real["controller_events"], "slot_names": real["slots"],
                     "profile": real["profile"],
                     "trajectories": {k: {"real_s": round(v, 3), "sim_s": round(sim["completion_s"].get(k, math.nan), 3),
@@ -518,7 +534,12 @@ def run_fidelity(
         per_policy[p] = {"error_max": max(errs), "error_median": statistics.median(errs),
                          "real_rollout_s": [r["policies"][p]["real_rollout_s"] for r in runs],
                          "sim_rollout_s": [r["policies"][p]["sim_rollout_s"] for r in runs],
-                         "completion_error_median": [r["policies"][p]["completion_error"]["median"] for r in runs]}
+                         "completion_error_median": [r["policies"][p]["completion_error"]["median"] for r in runs],
+                         "by_fold": {str(f): {"error_max": max(abs(r["policies"][p]["sim_by_fold"][str(f)]["error"])
+                                                               for r in runs),
+                                              "sim_rollout_s": [r["policies"][p]["sim_by_fold"][str(f)]["sim_rollout_s"]
+                                                                for r in runs]}
+                                     for f in also_folds}}
     return {
         "seeds": list(seeds), "policies": per_policy, "runs": runs,
         "ranking_preserved": all(r["ranking"]["same"] for r in runs),

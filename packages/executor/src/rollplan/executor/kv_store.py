@@ -16,14 +16,19 @@ removal (``EngineDeadError`` on the surviving engines); loading a cut-short entr
 What this subclass changes (the file layout stays vLLM's):
 - every layer file is written under a unique temporary name and renamed into place (readers see whole
   files, concurrent writers of one entry do not corrupt each other);
-- an entry is complete once the engine that stored all its layers in one step writes ``COMPLETE`` into it;
-- a prompt matches only a complete entry, and a complete entry is not stored again;
+- an entry is complete once the engine that stored all its layers in one step writes ``COMPLETE`` into it,
+  listing those layer files;
+- a prompt matches only a complete entry whose listed layer files are all there, and a complete entry is not
+  stored again. A marker whose files are not all there (seen in ``rollplan bench fidelity``: a layer file of a
+  complete entry gone, every engine restarted on the store dying on it in turn) is removed, so the engine
+  recomputes and the entry is stored again;
 - a failed write (disk full, store cleared meanwhile) only leaves the entry incomplete: it is logged,
   never raised, because the engine can always recompute the KV instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
@@ -41,6 +46,29 @@ from vllm.model_executor.layers.attention.mla_attention import MLACommonMetadata
 log = logging.getLogger(__name__)
 
 COMPLETE = "COMPLETE"  # marker file: every layer of the entry is in place
+
+
+def _write_text(path: str, lines: list[str]) -> None:
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def entry_complete(folder: str) -> bool:
+    """Whether the store entry ``folder`` may be loaded: its ``COMPLETE`` marker lists layer files that are all
+    there. A marker whose files are not (or an empty one) is removed, best effort, and the entry is not
+    matched: the engine recomputes the KV and stores the entry again."""
+    marker = os.path.join(folder, COMPLETE)
+    try:
+        with open(marker) as f:
+            names = [x for x in f.read().splitlines() if x]
+    except OSError:
+        return False
+    if names and all(os.path.exists(os.path.join(folder, n)) for n in names):
+        return True
+    log.warning("KV store: %s is marked complete but lacks layer files; recomputing it", folder)
+    with contextlib.suppress(OSError):
+        os.unlink(marker)
+    return False
 
 
 def _write_atomically(path: str, write: Any) -> None:
@@ -63,7 +91,8 @@ class AtomicFileConnector(ExampleConnector):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._written: dict[str, bool] = {}  # entry folder -> every layer written so far this step
+        # entry folder -> the layer files written so far this step (None: a write failed)
+        self._written: dict[str, list[str] | None] = {}
 
     # -- matching (scheduler) ------------------------------------------------------------------------------
     def _found_match_for_prompt(self, prompt_token_ids: list[int], mm_hashes: list[str]) -> bool:
@@ -71,7 +100,7 @@ class AtomicFileConnector(ExampleConnector):
         # must be complete, not merely exist.
         n = align_to_block_size(len(prompt_token_ids) - 1, self._block_size)
         folder = self._generate_foldername_debug(torch.tensor(prompt_token_ids)[:n], mm_hashes, create_folder=False)
-        return os.path.exists(os.path.join(folder, COMPLETE))
+        return entry_complete(folder)
 
     # -- storing (worker) ----------------------------------------------------------------------------------
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
@@ -81,7 +110,7 @@ class AtomicFileConnector(ExampleConnector):
             if not request.is_store:
                 continue
             folder = self._generate_foldername_debug(request.token_ids, request.mm_hashes, create_folder=False)
-            if self._written.get(folder) is False or os.path.exists(os.path.join(folder, COMPLETE)):
+            if (folder in self._written and self._written[folder] is None) or os.path.exists(os.path.join(folder, COMPLETE)):
                 continue  # a layer already failed this step, or another engine finished the entry
             try:
                 os.makedirs(folder, exist_ok=True)
@@ -90,9 +119,11 @@ class AtomicFileConnector(ExampleConnector):
                 _write_atomically(path, lambda tmp, kv=kv: safetensors.torch.save_file({"kv_cache": kv}, tmp))
             except OSError as exc:
                 log.warning("KV store: could not write %s/%s: %s", folder, layer_name, exc)
-                self._written[folder] = False
+                self._written[folder] = None
             else:
-                self._written.setdefault(folder, True)
+                names = self._written.setdefault(folder, [])
+                if names is not None:
+                    names.append(os.path.basename(path))
 
     def _gather(self, layer: torch.Tensor, slot_mapping: torch.Tensor, attn_metadata: Any) -> torch.Tensor:
         """The KV of ``slot_mapping``'s tokens from vLLM's paged layer view ([blocks, heads, block, dim]);
@@ -105,10 +136,10 @@ class AtomicFileConnector(ExampleConnector):
     def wait_for_save(self) -> None:
         """End of a forward step: every entry whose layers were all written this step is complete."""
         written, self._written = self._written, {}
-        for folder, ok in written.items():
-            if not ok:
+        for folder, names in written.items():
+            if not names:
                 continue
             try:
-                _write_atomically(os.path.join(folder, COMPLETE), lambda tmp: open(tmp, "w").close())
+                _write_atomically(os.path.join(folder, COMPLETE), lambda tmp, names=names: _write_text(tmp, names))
             except OSError as exc:
                 log.warning("KV store: could not complete %s: %s", folder, exc)
