@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -19,6 +20,7 @@ from rollplan.executor.fidelity import (
     FIDELITY_POLICIES,
     Script,
     build_workload,
+    prefix_lost,
     run_fidelity,
     simulate,
     tool_durations,
@@ -96,6 +98,8 @@ def test_bad_input_gives_one_line_errors(tmp_path: Path, capsys: pytest.CaptureF
         (["--data", str(tmp_path)], "agent_swebench_tool_calls.csv"),
         (["--also-fold-tool-s", "x"], "--also-fold-tool-s"),
         (["--also-fold-tool-s", "-1"], "--also-fold-tool-s"),
+        (["--kv-cache-mib", "0.5"], "--kv-cache-mib"),
+        (["--kv-cache-mib", "nan"], "--kv-cache-mib"),
     ):
         assert main(["bench", "fidelity", *args]) == 2
         err = capsys.readouterr().err
@@ -110,7 +114,7 @@ def test_real_run_against_its_simulation(shared_data: Path) -> None:
     """One seed, one policy, 12 trajectories: every trajectory finishes on the real engines, the simulator's
     rollout time is within a factor of 1.5 of the real one (the bench's target is 15% at full size)."""
     out = run_fidelity(seeds=(0,), policies=("elastic-plus",), data_dir=shared_data, groups=3,
-                       profile_batches=(1, 8), also_folds=(0.0,))
+                       profile_batches=(1, 8), also_folds=(0.0,), kv_cache_bytes=2 << 20)
     row = out["runs"][0]["policies"]["elastic-plus"]
     turn_by_turn = row["sim_by_fold"]["0.0"]  # the same real run, the simulator replaying it turn by turn
     assert turn_by_turn["sim_rollout_s"] > 0 and math.isfinite(turn_by_turn["error"])
@@ -120,3 +124,18 @@ def test_real_run_against_its_simulation(shared_data: Path) -> None:
     assert abs(row["error"]) < 0.5, json.dumps(row)[:2000]
     cal = row["calibration"]
     assert cal["decode_a"] + cal["decode_c"] > 0 and cal["engine_start"] > 1.0 and cal["prefill_fixed"] == 0.0
+    # 2 MiB of KV per engine (2,048 tokens): the simulator gets the capacity the engines report.
+    assert cal["kv_cache_bytes"] == 2 << 20 and out["kv_cache_bytes"] == 2 << 20
+    assert set(row["real_prefix_lost"]) == {"turns", "tokens", "moved_turns"} and row["sim_evictions"] >= 0
+
+
+def _turn(engine: str, context: int, cached: int) -> SimpleNamespace:
+    return SimpleNamespace(engines=(engine,), context_tokens=context, num_cached_tokens=cached)
+
+
+def test_prefix_lost_counts_turns_that_found_less_than_their_previous_turn_left() -> None:
+    kept = SimpleNamespace(turns=(_turn("a", 70, 0), _turn("a", 120, 64), _turn("a", 170, 96)))
+    evicted = SimpleNamespace(turns=(_turn("a", 70, 0), _turn("a", 120, 32)))  # 64 whole-block tokens left, 32 found
+    moved = SimpleNamespace(turns=(_turn("a", 70, 0), _turn("b", 120, 0)))  # another engine: counted apart
+    assert prefix_lost([kept], block_size=32) == {"turns": 0, "tokens": 0, "moved_turns": 0}
+    assert prefix_lost([kept, evicted, moved], block_size=32) == {"turns": 1, "tokens": 32, "moved_turns": 1}

@@ -9,7 +9,12 @@ Invariants checked:
   vLLM's plain ``ExampleConnector`` matches such an entry and its EngineCore dies (EngineDeadError), which
   is what failed CI after a node removal;
 - a complete entry that lost a layer file (its marker lists the files) is not matched either: recomputed,
-  stored again, then loaded.
+  stored again, then loaded;
+- a prompt matches only the entry its load reads: one whose length is one past a whole block does not match
+  a shorter prompt's entry (vLLM's base class matched one block fewer than it loads, and the engine died on a
+  file never written);
+- requests preempted under KV pressure resume from the entry they matched (vLLM's base class loaded one keyed
+  by the prompt and the tokens generated so far, never stored: FileNotFoundError, the engine dead).
 """
 
 from __future__ import annotations
@@ -102,3 +107,49 @@ def test_complete_entry_missing_a_layer_file_is_recomputed_not_loaded(engine: Re
     third, cached = run(engine, prompt)
     assert cached == 2 * BLOCK and third == first  # stored again, whole, and loaded
 
+
+
+def test_prompt_one_past_a_block_does_not_match_a_shorter_prompts_entry(engine: ReferenceEngine, store: Path) -> None:
+    short = list(range(700, 750))  # 50 tokens: its entry holds 1 whole block (32)
+    run(engine, short)
+    longer = list(range(700, 765))  # 65 tokens, the same first 50: its entry would hold 2 blocks (64)
+    first, cached = run(engine, longer)
+    assert cached == 0  # the short prompt's entry is not the 2 blocks a load would read
+    again, cached = run(engine, longer)
+    assert cached == 2 * BLOCK and again == first
+
+
+@pytest.fixture(scope="module")
+def small_engine(tiny_model: Path, store: Path) -> ReferenceEngine:
+    """An engine with 2 MiB of KV (2,048 tokens of the tiny model: 64 blocks) on the same store: vLLM keeps one
+    worker-side KV connector per process (the first engine's), so an in-process engine on another store would
+    store its entries in the first engine's store and never match them."""
+    from vllm.config import KVTransferConfig
+
+    kv = KVConnectorConfig(storage_path=str(store)).vllm_kwargs()
+    assert kv is not None
+    return ReferenceEngine(tiny_model, kv_transfer_config=KVTransferConfig(**kv), kv_cache_memory_bytes=2 << 20,
+                           disable_log_stats=False)
+
+
+def test_requests_preempted_under_kv_pressure_resume_from_the_store(small_engine: ReferenceEngine) -> None:
+    from vllm import SamplingParams
+
+    llm = small_engine.llm
+    prompts = [[(i * 37 + k) % 1000 + 8 for k in range(100)] for i in range(12)]
+    llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=1, ignore_eos=True),
+                 use_tqdm=False)  # every prompt's entry stored (3 blocks each)
+    llm.reset_prefix_cache()
+    before = _preemptions(llm)
+    # 12 x 400 tokens (13 blocks each) in 64 blocks: the engine preempts, and the preempted requests resume
+    # with the store matching their prompts.
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    assert _preemptions(llm) > before
+    assert [len(o.outputs[0].token_ids) for o in outs] == [300] * 12
+    assert [o.num_cached_tokens for o in outs] == [3 * BLOCK] * 12  # every prompt loaded from the store
+
+
+def _preemptions(llm: object) -> float:
+    metrics = llm.get_metrics()  # type: ignore[attr-defined]
+    return sum(float(getattr(m, "value", 0.0)) for m in metrics if m.name == "vllm:num_preemptions")

@@ -167,6 +167,11 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             str, typer.Option("--also-fold-tool-s", help="Comma list of segment foldings the simulator also "
                               "replays each real run with (0: turn by turn); the JSON's 'sim_by_fold'.")
         ] = "",
+        kv_cache_mib: Annotated[
+            float, typer.Option("--kv-cache-mib", help="Each engine's KV cache in MiB (the tiny model: 1,024 "
+                                "tokens a MiB); 64 by default, where the batch never fills it. Smaller puts the "
+                                "engines under KV pressure (e.g. 3).")
+        ] = 64.0,
     ) -> None:
         """Real vLLM CPU engines under the executor vs the simulator, same workload, script and policy."""
         from rollplan.executor.fidelity import DEFAULT_TOOL_SCALE, FIDELITY_POLICIES, run_fidelity
@@ -193,6 +198,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if any(not (math.isfinite(f) and f >= 0.0) for f in folds):
             raise SchemaError("--also-fold-tool-s", f"every folding must be a number of seconds >= 0: {folds}",
                               fix="e.g. --also-fold-tool-s 0")
+        if not (math.isfinite(kv_cache_mib) and 1.0 <= kv_cache_mib <= 4096.0):
+            raise SchemaError("--kv-cache-mib", f"must be between 1 and 4096 MiB: {kv_cache_mib}",
+                              fix="e.g. --kv-cache-mib 3 (KV pressure) or 64 (the default)")
         if not (data / "agent_swebench_tool_calls.csv").is_file():
             raise SchemaError(str(data), "has no agent_swebench_tool_calls.csv",
                               fix="pass --data the shared data folder (../shared/data)")
@@ -201,7 +209,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             print(f"[bench fidelity] {msg}", file=sys.stderr, flush=True)
 
         out = run_fidelity(seeds=seed_list, policies=names, data_dir=data, groups=groups, tool_scale=scale, log=log,
-                           also_folds=folds)
+                           also_folds=folds, kv_cache_bytes=int(kv_cache_mib * (1 << 20)))
         if json_out:
             print(json.dumps(out, indent=2))
             return
@@ -209,12 +217,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         from rich.table import Table
 
         table = Table(title="simulator vs real engines (rollout seconds; error = (sim - real) / real)")
-        for col in ("seed", "policy", "real s", "sim s", "error", "traj. error p50 / p90", "ranking same"):
+        for col in ("seed", "policy", "real s", "sim s", "error", "traj. error p50 / p90",
+                    "prefix lost (real) / evictions (sim)", "ranking same"):
             table.add_column(col, justify="right")
         for r in out["runs"]:
             for p, v in r["policies"].items():
                 ce = v["completion_error"]
                 table.add_row(str(r["seed"]), p, f"{v['real_rollout_s']:.2f}", f"{v['sim_rollout_s']:.2f}",
-                              f"{v['error']:+.1%}", f"{ce['median']:.1%} / {ce['p90']:.1%}", str(r["ranking"]["same"]))
+                              f"{v['error']:+.1%}", f"{ce['median']:.1%} / {ce['p90']:.1%}",
+                              f"{v['real_prefix_lost']['turns']} / {v['sim_evictions']}", str(r["ranking"]["same"]))
         Console(stderr=True).print(table)
         print(json.dumps({k: out[k] for k in ("policies", "ranking_preserved", "within_15pct", "bench_seconds")}))

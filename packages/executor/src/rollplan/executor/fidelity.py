@@ -59,6 +59,11 @@ PLANNER = ("greedy", 0.05)
 default), and the simulator does not charge a plan's solve time yet (issue 18), so an exact backend's
 wall-clock solves (CPU the engines share here, actions after the solve) are a difference the bench would
 measure instead of the simulator's physics; docs/simulator.md ("Fidelity") gives its measured size."""
+KV_CACHE_BYTES = 64 << 20
+"""Each engine's KV cache by default (``EngineConfig``'s default): 65,536 tokens of the tiny model (1 KiB a
+token: 2 layers x K and V x 1 head x 64 x fp32), ~4x what the 96 trajectories ever hold at once, so the
+default bench has no KV pressure. ``--kv-cache-mib`` shrinks it to test the simulator's KV physics (eviction
+of a finished turn's prefix-cached KV during its tool call, re-prefill, admission) against vLLM's."""
 TOOL_CAP_S = 6.0
 """Longest scaled tool wait (s): the traces' tail (up to 362 s) would make one trajectory the whole rollout."""
 
@@ -172,12 +177,13 @@ class Script:
 
 
 # -- the real run ------------------------------------------------------------------------------------------
-def _config(model: Path, kv_dir: Path, policy: str, perf: Any = None, start_nice: int | None = START_NICE) -> Any:
+def _config(model: Path, kv_dir: Path, policy: str, perf: Any = None, start_nice: int | None = START_NICE,
+            kv_cache_bytes: int = KV_CACHE_BYTES) -> Any:
     from rollplan.executor.config import EngineConfig, ExecutorConfig, KVConnectorConfig
 
     return ExecutorConfig(
         engine=EngineConfig(model=str(model), connector=KVConnectorConfig(kind="example", storage_path=str(kv_dir)),
-                            start_nice=start_nice),
+                            start_nice=start_nice, kv_cache_memory_bytes=kv_cache_bytes),
         slot_resource=SLOT, lend_resource=LEND, replan_interval=2.0, planner_backend=PLANNER[0],
         planner_time_limit=PLANNER[1], keep_lent_engines=True, policy=policy, perf=perf,
     )
@@ -194,6 +200,12 @@ async def _profile(ex: Any, batches: Sequence[int], n_dec: int = 32) -> list[dic
 
     engines = [s.engine for s in ex.ctl.slots.values() if s.engine is not None and s.engine.serving]
     recs: list[dict] = []
+    info = await engines[0].actor.info.remote()
+    cap = int(info.get("kv_capacity_tokens") or 0)
+    block = ex.config.engine.block_size or 32
+    per_seq = -(-(48 + n_dec + 1) // block) * block
+    # A batch whose KV does not fit would be preempted mid-profile (``--kv-cache-mib``): its step is not one step.
+    batches = [b for b in batches if not cap or b * per_seq <= cap] or list(batches[:1])
     for bsz in batches:
         per: list[float] = []
         for trial in range(3):
@@ -224,9 +236,8 @@ async def _profile(ex: Any, batches: Sequence[int], n_dec: int = 32) -> list[dic
 
     for xs in await asyncio.gather(*(overheads(e, i) for i, e in enumerate(engines))):
         recs += [{"phase": "request", "seconds": x} for x in xs]
-    info = await engines[0].actor.info.remote()
-    if info.get("kv_capacity_tokens"):
-        recs.append({"phase": "kv_capacity", "tokens": info["kv_capacity_tokens"]})
+    if cap:
+        recs.append({"phase": "kv_capacity", "tokens": cap})
     return recs
 
 
@@ -245,7 +256,8 @@ async def _steps_until(engine: Any, ready: asyncio.Event | None, *, rounds: int 
 
 
 async def _real(policy: str, work: Sequence[FidelityTrajectory], script: Script, model: Path, tmp: Path,
-                perf: Any, profile_batches: Sequence[int] | None, log: Callable[[str], None]) -> dict[str, Any]:
+                perf: Any, profile_batches: Sequence[int] | None, log: Callable[[str], None],
+                kv_cache_bytes: int = KV_CACHE_BYTES) -> dict[str, Any]:
     import ray
     from ray.cluster_utils import Cluster
 
@@ -258,7 +270,8 @@ async def _real(policy: str, work: Sequence[FidelityTrajectory], script: Script,
         nodes = {n: cluster.add_node(num_cpus=0, resources={SLOT: 1}) for n in ("a", "b", "c")}
         cluster.add_node(num_cpus=0, resources={LEND: 1})
         ray.init(address=cluster.address, log_to_driver=False)
-        ex = RolloutExecutor(_config(model, Path(tempfile.mkdtemp(prefix=f"kv-{policy}-", dir=tmp)), policy, perf))
+        ex = RolloutExecutor(_config(model, Path(tempfile.mkdtemp(prefix=f"kv-{policy}-", dir=tmp)), policy, perf,
+                                     kv_cache_bytes=kv_cache_bytes))
         await ex.start()
         control = ClusterNodes(cluster, {SLOT: 1})
         node_map = {n: control.adopt(node) for n, node in nodes.items()}
@@ -301,6 +314,7 @@ async def _real(policy: str, work: Sequence[FidelityTrajectory], script: Script,
             applied = ["(the script's events after the rollout's end were not applied)"]
         stats = ex.stats()
         return {
+            "prefix_lost": prefix_lost(results, block_size=ex.config.engine.block_size or 32),
             "rollout_s": wall,
             "completion_s": {r.id: r.finished - t0 for r in results},
             "start_s": {r.id: r.started - t0 for r in results},
@@ -327,6 +341,27 @@ async def _real(policy: str, work: Sequence[FidelityTrajectory], script: Script,
             await ex.shutdown()
         ray.shutdown()
         cluster.shutdown()
+
+
+def prefix_lost(results: Sequence[Any], *, block_size: int) -> dict[str, int]:
+    """How often a turn found less of its trajectory's KV than the previous turn left on its engine: the real
+    counterpart of the simulator's ``evictions`` (a finished turn's KV evicted from the prefix cache during its
+    tool call, or its running request preempted, so the context is prefilled again). A turn k > 0 on the engine
+    of turn k - 1 should find at least the previous turn's context in whole blocks cached; ``turns`` counts
+    those that found less and ``tokens`` the blocks' tokens they prefilled again. Turns that moved to another
+    engine (a migration or a route elsewhere) are counted apart (``moved_turns``): their KV is a transfer or a
+    re-prefill by the policy's choice, not memory pressure."""
+    lost = tokens = moved = 0
+    for r in results:
+        for prev, turn in zip(r.turns, r.turns[1:], strict=False):
+            if not prev.engines or not turn.engines or turn.engines[0] != prev.engines[-1]:
+                moved += 1
+                continue
+            expect = prev.context_tokens // block_size * block_size
+            if turn.num_cached_tokens < expect:
+                lost += 1
+                tokens += expect - turn.num_cached_tokens
+    return {"turns": lost, "tokens": tokens, "moved_turns": moved}
 
 
 # -- the simulated run -------------------------------------------------------------------------------------
@@ -395,7 +430,7 @@ def simulate(policy: str, work: Sequence[FidelityTrajectory], script: Script, pr
     t = time.perf_counter()
     sim.run()
     return {"rollout_s": max(done_at.values()) if done_at else math.inf, "completion_s": done_at,
-            "wall_s": time.perf_counter() - t}
+            "wall_s": time.perf_counter() - t, "evictions": int(sim.recorder.counters.get("evictions", 0))}
 
 
 # -- the bench ---------------------------------------------------------------------------------------------
@@ -459,15 +494,17 @@ def run_fidelity(
     *, seeds: Sequence[int] = (0,), policies: Sequence[str] = FIDELITY_POLICIES, data_dir: str | Path,
     groups: int = 24, group_size: int = 4, tool_scale: float = DEFAULT_TOOL_SCALE, script: Script = Script(),
     profile_batches: Sequence[int] = (1, 4, 16, 32, 64), log: Callable[[str], None] = lambda m: None,
-    also_folds: Sequence[float] = (),
+    also_folds: Sequence[float] = (), kv_cache_bytes: int = KV_CACHE_BYTES,
 ) -> dict[str, Any]:
     """The bench (module docstring). Every real run profiles its own engines before its rollout and its
     simulation runs on that calibration (``calibrate``); the real run's planner uses the previous run's
     calibration (the first one: ``MeasuredPerfModel``'s defaults, measured on this kind of machine).
     ``also_folds``: the simulator also replays each real run with these segment foldings
     (``SimConfig.fold_tool_s``; 0: turn by turn), reported per run and policy under ``sim_by_fold`` and in
-    ``policies[p]["by_fold"]``; the ranking and the figures above stay the default folding's. Returns one
-    JSON-ready dict."""
+    ``policies[p]["by_fold"]``; the ranking and the figures above stay the default folding's.
+    ``kv_cache_bytes``: each engine's KV cache (``KV_CACHE_BYTES``); the simulator gets the capacity the
+    engines report. Each run reports the real turns that lost their cached prefix (``real_prefix_lost``,
+    ``prefix_lost``) beside the simulator's ``sim_evictions``. Returns one JSON-ready dict."""
     for p in policies:
         if p not in FIDELITY_POLICIES:
             from rollplan.models.errors import UnknownNameError
@@ -491,25 +528,28 @@ def run_fidelity(
                                    "decode_tokens": sum(w.decode * w.turns for w in work), "policies": {}}
             for policy in policies:
                 log(f"seed {seed}: {policy} on the real engines")
-                real = await_run(_real(policy, work, script, model, tmp, planner_perf, profile_batches, log))
+                real = await_run(_real(policy, work, script, model, tmp, planner_perf, profile_batches, log,
+                                       kv_cache_bytes=kv_cache_bytes))
                 provider, overhead, cal = calibrate(real["profile"], tmp / f"profile-{seed}-{policy}.jsonl")
                 planner_perf = provider
-                sim = simulate(policy, work, script, provider, _config(model, tmp, policy),
+                sim = simulate(policy, work, script, provider, _config(model, tmp, policy, kv_cache_bytes=kv_cache_bytes),
                                turn_overhead_s=overhead, start_interference=cal["start_interference"])
                 err = (sim["rollout_s"] - real["rollout_s"]) / real["rollout_s"]
                 by_fold = {}
                 for fold in also_folds:
-                    other = simulate(policy, work, script, provider, _config(model, tmp, policy),
+                    other = simulate(policy, work, script, provider, _config(model, tmp, policy, kv_cache_bytes=kv_cache_bytes),
                                      turn_overhead_s=overhead, start_interference=cal["start_interference"],
                                      fold_tool_s=fold)
                     by_fold[str(fold)] = {
                         "sim_rollout_s": other["rollout_s"],
                         "error": (other["rollout_s"] - real["rollout_s"]) / real["rollout_s"],
+                        "sim_evictions": other["evictions"],
                         "completion_error": _errors(real["completion_s"], other["completion_s"])}
                 row["policies"][policy] = {
                     "real_rollout_s": real["rollout_s"], "sim_rollout_s": sim["rollout_s"], "error": err,
                     "completion_error": _errors(real["completion_s"], sim["completion_s"]),
-                    "calibration": cal,
+                    "calibration": cal, "real_prefix_lost": real["prefix_lost"],
+                    "sim_evictions": sim["evictions"],
                     "real_done": real["done"], "real_tokens": real["tokens"], "replans": real["replans"],
                     "mean_plan_s": real["mean_plan_s"],
                     "actions": {k: v["count"] for k, v in real["actions"].items()}, "events": real["events"],
@@ -545,7 +585,7 @@ def run_fidelity(
         "ranking_preserved": all(r["ranking"]["same"] for r in runs),
         "ranking_preserved_within_ties": all(r["ranking"]["same_within_ties"] for r in runs), "rank_tie": RANK_TIE,
         "within_15pct": all(v["error_max"] <= 0.15 for v in per_policy.values()),
-        "tool_scale": tool_scale, "script": {k: getattr(script, k) for k in script.__slots__},
+        "tool_scale": tool_scale, "kv_cache_bytes": kv_cache_bytes, "script": {k: getattr(script, k) for k in script.__slots__},
         "start_nice": START_NICE, "planner": {"backend": PLANNER[0], "time_limit": PLANNER[1]},
         "bench_seconds": time.perf_counter() - t_bench,
     }

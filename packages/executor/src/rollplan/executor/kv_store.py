@@ -32,16 +32,21 @@ import contextlib
 import logging
 import os
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import safetensors.torch
 import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (
     ExampleConnector,
     ExampleConnectorMetadata,
     align_to_block_size,
 )
 from vllm.model_executor.layers.attention.mla_attention import MLACommonMetadata
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +100,63 @@ class AtomicFileConnector(ExampleConnector):
         self._written: dict[str, list[str] | None] = {}
 
     # -- matching (scheduler) ------------------------------------------------------------------------------
+    def _key_tokens(self, prompt_token_ids: list[int]) -> int:
+        """How many of a prompt's tokens its entry holds: its whole blocks, at least its last token left out
+        (vLLM computes that one). The one formula for storing, matching and loading (``ReqMeta.make_meta``'s
+        cut of the token ids it is given)."""
+        return align_to_block_size(len(prompt_token_ids), self._block_size)
+
     def _found_match_for_prompt(self, prompt_token_ids: list[int], mm_hashes: list[str]) -> bool:
-        # The same key as the base class (the prompt minus its last token, whole blocks), but the entry
-        # must be complete, not merely exist.
-        n = align_to_block_size(len(prompt_token_ids) - 1, self._block_size)
+        # The key the entry is stored and loaded under (``_key_tokens``), and the entry must be complete,
+        # not merely exist. vLLM's base class matches the prompt minus its last token: where the prompt's
+        # length is one past a whole block, that is one block fewer than the load reads, so a shorter
+        # prompt's entry matched and the engine died loading a file that was never written.
+        n = self._key_tokens(prompt_token_ids)
+        if n <= 0:
+            return False
         folder = self._generate_foldername_debug(torch.tensor(prompt_token_ids)[:n], mm_hashes, create_folder=False)
         return entry_complete(folder)
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """KV tokens the store adds beyond what the engine computed or had cached: the matched entry's whole
+        blocks, 0 when the engine's own prefix cache already covers them (the base class can return a
+        negative count there)."""
+        prompt = list(request.prompt_token_ids or [])
+        if not self._found_match_for_request(request):
+            return 0, False
+        return max(0, self._key_tokens(prompt) - num_computed_tokens), False
+
+    def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
+        if num_external_tokens > 0:
+            self._requests_need_load[request.request_id] = request
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        """The base class's step metadata, except that a request resumed after a preemption loads the entry
+        it matched (its prompt's key) instead of one keyed by its prompt and generated tokens so far, which
+        was never stored (the engine died on the missing file under KV pressure: ``rollplan bench fidelity
+        --kv-cache-mib 4``)."""
+        meta = ExampleConnectorMetadata()
+        for new_req in scheduler_output.scheduled_new_reqs:
+            token_ids = list(new_req.prompt_token_ids or [])
+            mm_hashes = [f.identifier for f in new_req.mm_features]
+            if new_req.req_id in self._requests_need_load:
+                meta.add_request(token_ids=token_ids, block_ids=new_req.block_ids[0], block_size=self._block_size,
+                                 is_store=False, mm_hashes=mm_hashes)
+            elif not self._found_match_for_prompt(token_ids, mm_hashes):
+                meta.add_request(token_ids=token_ids, block_ids=new_req.block_ids[0], block_size=self._block_size,
+                                 is_store=True, mm_hashes=mm_hashes)
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            if req_id not in cached.resumed_req_ids or req_id not in self._requests_need_load:
+                continue
+            request = self._requests_need_load[req_id]
+            block_ids = cached.new_block_ids[i]
+            assert block_ids is not None  # a resumed request's new blocks are all of its blocks
+            meta.add_request(token_ids=list(request.prompt_token_ids or []), block_ids=block_ids[0],
+                             block_size=self._block_size, is_store=False,
+                             mm_hashes=[f.identifier for f in request.mm_features])
+        self._requests_need_load.clear()
+        return meta
 
     # -- storing (worker) ----------------------------------------------------------------------------------
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
