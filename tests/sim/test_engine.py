@@ -293,6 +293,37 @@ def test_unknown_tool_kv_mode_is_a_user_error() -> None:
 
     with pytest.raises(UserInputError, match="tool KV mode"):
         SimConfig(tool_kv="lru")
+    with pytest.raises(UserInputError, match="evicted return"):
+        SimConfig(evicted_return="engine")
+
+
+def _evicted_return_run(mode: str, policy: str) -> tuple[dict, dict[str, float]]:
+    # Two slots with ~30k tokens of KV each. A (8.3k tokens) on slot 0 goes to a 60 s tool call; C (24.5k) takes
+    # slot 1 and is done in seconds; B (29k: 20k prompt, 9k decode) fits only without A's KV, so it evicts A on
+    # slot 0 and decodes past A's return. Back from its tool, A finds slot 1 free and slot 0 full with B.
+    cfg = SimConfig(fold_tool_s=0.0, mem_util=0.285, evicted_return=mode)
+    specs = [
+        SimTraj("A", "gA", 8000, (0, 0), (300, 50), (60.0, 0.0)),
+        SimTraj("C", "gC", 24000, (0,), (500,), (0.0,)),
+        SimTraj("B", "gB", 20000, (0,), (9000,), (0.0,)),
+    ]
+    sc = Scenario("evicted-return", BatchSource(tuple(specs)), dedicated=2, max_batches=1, sim=cfg)
+    pol = DoneTimes(make_policy(policy))
+    return run_policy(sc, pol).summary, pol.at
+
+
+@pytest.mark.parametrize("policy", ["elastic-plus", "static-colocated"])
+def test_evicted_trajectory_returns_to_the_policy_or_to_its_engine(policy: str) -> None:
+    back_to_policy, at_p = _evicted_return_run("policy", policy)
+    back_to_slot, at_s = _evicted_return_run("slot", policy)
+    for summary in (back_to_policy, back_to_slot):
+        assert summary["counters"]["evictions"] == 1
+        assert summary["prefill_tokens"] == 8000 + 24000 + 20000 + 8000 + 300  # A re-prefilled, either way
+        assert summary["decode_tokens"] == 350 + 500 + 9000
+    # "policy": the policy places A again, on the free slot 1, as soon as its tool returns.
+    assert at_p["A"] < at_p["B"]
+    # "slot" (the executor's behaviour): A waits for its own engine, where B holds the KV until it is done.
+    assert at_s["B"] == pytest.approx(at_p["B"]) and at_s["A"] > at_s["B"]
 
 
 def _shared_prompt_run(share: bool) -> tuple[dict, dict[str, float]]:

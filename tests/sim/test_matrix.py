@@ -164,6 +164,28 @@ def test_cli_matrix_fold_tool_s_reaches_every_cell(shared_data: Path, capsys: py
     assert all(exact[k] >= folded[k] for k in exact) and sum(exact.values()) > sum(folded.values())
 
 
+def test_cli_matrix_evicted_return_reaches_every_cell(shared_data: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--evicted-return slot``: every cell's scenario is built with it (the simulator's behaviour is
+    ``tests/sim/test_engine.py``'s), and the document says which it ran."""
+    import rollplan.sim.bench_replay as br
+
+    seen: list[str] = []
+    build = br.matrix_scenario
+
+    def spy(*args: object, **kw: object) -> object:
+        sc = build(*args, **kw)  # type: ignore[arg-type]
+        seen.append(sc.sim.evicted_return)
+        return sc
+
+    monkeypatch.setattr(br, "matrix_scenario", spy)
+    assert main(["bench", "replay", "--matrix", "--json", "--data", str(shared_data), "--traces", "parcae-hh",
+                 "--window-h", "0.02", "--jobs", "1", "--evicted-return", "slot"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["scenario"]["evicted_return"] == "slot"
+    assert seen == ["slot"] * len(out["matrix"]["cells"]) and seen
+
+
 @pytest.mark.parametrize("args", [
     ["--matrix", "--mode", "async"],
     ["--matrix", "--dispersion", "0.6"],
@@ -176,6 +198,8 @@ def test_cli_matrix_fold_tool_s_reaches_every_cell(shared_data: Path, capsys: py
     ["--fold-tool-s", "-1"],
     ["--matrix", "--fold-tool-s", "nan"],
     ["--fold-tool-s", "0", "--spec-tokens", "4"],
+    ["--evicted-return", "engine"],
+    ["--matrix", "--evicted-return", "slot", "--divide-tokens", "256"],
 ])
 def test_cli_matrix_rejects_bad_input(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "replay", *args]) == 2

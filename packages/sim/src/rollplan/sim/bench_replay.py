@@ -66,6 +66,11 @@ FOLD_TOOL_S = SimConfig().fold_tool_s
 """The bench's segment folding (``SimConfig.fold_tool_s``): the simulator's default; ``bench replay
 --fold-tool-s`` replays the same scenarios with another (0: every turn its own segment, exact turn-level
 events; docs/simulator.md, "How much the folding moves the bench")."""
+EVICTED_RETURN = SimConfig().evicted_return
+"""Where a trajectory whose KV an engine evicted in its tool call goes back to (``SimConfig.evicted_return``):
+the simulator's default, the policy's queue; ``bench replay --evicted-return slot`` replays the bench with the
+executor's behaviour, the engine that evicted it (docs/simulator.md, "Evicted trajectories: back to the policy
+or to their engine")."""
 WARMUP_BATCHES = 3
 """Each trace is a window of a longer RL job: the replay starts at step W+1 and history-keeping policies
 (the predictor of rollplan and elastic-plus) have seen steps 1..W (the other baselines keep no history, so this
@@ -123,8 +128,9 @@ def default_jobs() -> int:
 def bench_scenario(data_dir: Path, trace_name: str, *, bases: Any = None, seed: int = 0,
                    tool_kv: str = "evictable", share_prompt: bool = True, mode: str = "sync",
                    dispersion: float | None = None, first_epoch: bool = False,
-                   fold_tool_s: float = FOLD_TOOL_S) -> Scenario:
-    """The benchmark scenario on one of ``BENCH_TRACES``; ``tool_kv``, ``share_prompt`` and ``fold_tool_s``: the
+                   fold_tool_s: float = FOLD_TOOL_S, evicted_return: str = EVICTED_RETURN) -> Scenario:
+    """The benchmark scenario on one of ``BENCH_TRACES``; ``tool_kv``, ``share_prompt``, ``fold_tool_s`` and
+    ``evicted_return``: the
     ``SimConfig`` fields (every policy); ``mode``: ``LendMode`` (sync: the bench's; async: one-step off-policy, PEARL's);
     ``dispersion`` and ``first_epoch``: ``workload_options`` (None / False: the bench's workload)."""
     entry = next((t for t in BENCH_TRACES if t[0] == trace_name), None)
@@ -143,7 +149,8 @@ def bench_scenario(data_dir: Path, trace_name: str, *, bases: Any = None, seed: 
         trace=trace,
         lending=LendingConfig(gpus=8, gpu="h800", train_step_s=120.0, mode=LendMode(mode)),
         seed=seed,
-        sim=SimConfig(tool_kv=tool_kv, share_prompt=share_prompt, fold_tool_s=fold_tool_s),
+        sim=SimConfig(tool_kv=tool_kv, share_prompt=share_prompt, fold_tool_s=fold_tool_s,
+                      evicted_return=evicted_return),
         replan_interval_s=REPLAN_INTERVAL_S,
         warmup_batches=WARMUP_BATCHES,
     )
@@ -511,6 +518,7 @@ def run_bench(
     tool_kv: str = "evictable",
     share_prompt: bool = True,
     fold_tool_s: float = FOLD_TOOL_S,
+    evicted_return: str = EVICTED_RETURN,
     mode: str = "sync",
     per_batch: bool = False,
     dispersion: float | None = None,
@@ -536,7 +544,8 @@ def run_bench(
         if on_trace is not None:
             on_trace(name)
         sc = bench_scenario(d, name, bases=bases, seed=seed, tool_kv=tool_kv, share_prompt=share_prompt, mode=mode,
-                            dispersion=dispersion, first_epoch=first_epoch, fold_tool_s=fold_tool_s)
+                            dispersion=dispersion, first_epoch=first_epoch, fold_tool_s=fold_tool_s,
+                            evicted_return=evicted_return)
         t0, c0 = time.perf_counter(), time.process_time()
         res = run_replay(sc, [make_policy(p, regime=regime, moves=moves) for p in replay_policies(jobs, oracle)],
                          jobs=jobs)
@@ -569,7 +578,7 @@ def run_bench(
             "dedicated_gpus": 16, "lent_gpus": 8, "preemptible_max_gpus": 16, "gpu": "h800", "model": "qwen3-8b",
             "workload": f"swebench {GROUPS} prompts x {SAMPLES} samples per batch", "mode": mode,
             "train_step_s": 120.0, "notice_s": 30.0, "replan_interval_s": REPLAN_INTERVAL_S,
-            "fold_tool_s": fold_tool_s, "tool_kv": tool_kv, "share_prompt": share_prompt, **planner_setting(), "rollplan_regime": regime, "rollplan_moves": moves,
+            "fold_tool_s": fold_tool_s, "evicted_return": evicted_return, "tool_kv": tool_kv, "share_prompt": share_prompt, **planner_setting(), "rollplan_regime": regime, "rollplan_moves": moves,
             "warmup_batches": WARMUP_BATCHES, "seed": seed,
             "dispersion": dispersion if dispersion is not None else DEFAULT_DISPERSION, "first_epoch": first_epoch,
             "oracle": oracle,
@@ -627,14 +636,16 @@ def check_window_h(window_h: float | None) -> None:
 
 def matrix_scenario(data_dir: Path, trace_name: str, mode: str, workload: MatrixWorkload, *, bases: Any = None,
                     seed: int = 0, tool_kv: str = "evictable", share_prompt: bool = True,
-                    window_h: float | None = None, fold_tool_s: float = FOLD_TOOL_S) -> Scenario:
+                    window_h: float | None = None, fold_tool_s: float = FOLD_TOOL_S,
+                    evicted_return: str = EVICTED_RETURN) -> Scenario:
     """The bench scenario (``bench_scenario``) for one matrix cell: ``workload``'s batch shape, history and
     dispersion; ``window_h``: the window cut to the trace's first ``window_h`` hours (a trace shorter than that
     is replayed whole; the throughput and the ceiling are over the cut window)."""
     check_window_h(window_h)
     bases = bases if bases is not None else swebench_bases(data_dir)
     sc = bench_scenario(data_dir, trace_name, bases=bases, seed=seed, tool_kv=tool_kv, share_prompt=share_prompt,
-                        mode=mode, dispersion=workload.dispersion, fold_tool_s=fold_tool_s)
+                        mode=mode, dispersion=workload.dispersion, fold_tool_s=fold_tool_s,
+                        evicted_return=evicted_return)
     if (workload.groups, workload.samples) != (GROUPS, SAMPLES):
         src = BatchSource.dataset(bases, groups=workload.groups, samples=workload.samples, seed=seed, max_context=40960)
         sc = replace(sc, batches=workload_options(src, dispersion=workload.dispersion))
@@ -749,6 +760,7 @@ def run_matrix(
     tool_kv: str = "evictable",
     share_prompt: bool = True,
     fold_tool_s: float = FOLD_TOOL_S,
+    evicted_return: str = EVICTED_RETURN,
     per_batch: bool = False,
     regime: str = REGIME,
     moves: str = MOVES,
@@ -781,7 +793,8 @@ def run_matrix(
                 if on_cell is not None:
                     on_cell(name, mode, w.name)
                 sc = matrix_scenario(d, name, mode, w, bases=bases, seed=seed, tool_kv=tool_kv,
-                                     share_prompt=share_prompt, window_h=window_h, fold_tool_s=fold_tool_s)
+                                     share_prompt=share_prompt, window_h=window_h, fold_tool_s=fold_tool_s,
+                                     evicted_return=evicted_return)
                 res = run_replay(sc, [make_policy(p, regime=regime, moves=moves)
                                       for p in replay_policies(jobs, oracle)], jobs=jobs)
                 res.runs.sort(key=lambda r: report_order(r.name))
@@ -808,8 +821,8 @@ def run_matrix(
         "scenario": {
             "dedicated_gpus": 16, "lent_gpus": 8, "preemptible_max_gpus": 16, "gpu": "h800", "model": "qwen3-8b",
             "train_step_s": 120.0, "notice_s": 30.0, "replan_interval_s": REPLAN_INTERVAL_S,
-            "fold_tool_s": fold_tool_s, "tool_kv": tool_kv, "share_prompt": share_prompt, **planner_setting(),
-            "rollplan_regime": regime, "rollplan_moves": moves, "seed": seed, "oracle": oracle,
+            "fold_tool_s": fold_tool_s, "evicted_return": evicted_return, "tool_kv": tool_kv,
+            "share_prompt": share_prompt, **planner_setting(), "rollplan_regime": regime, "rollplan_moves": moves, "seed": seed, "oracle": oracle,
         },
         "matrix": {
             "traces": list(names),

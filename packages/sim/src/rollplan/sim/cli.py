@@ -331,6 +331,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         fold_tool_s: Annotated[float | None, typer.Option("--fold-tool-s", help="Simulator segment folding for "
                                                           "every scenario (0: exact turn-level events); default: "
                                                           "the simulator's (30 s).")] = None,
+        evicted_return: Annotated[str | None, typer.Option(
+            "--evicted-return", help="Where a trajectory whose KV an engine evicted in its tool call goes back "
+            "to, for every scenario: policy (the simulator's default: the policy's queue) | slot (the engine "
+            "that evicted it, as the executor does).")] = None,
         mode: Annotated[str | None, typer.Option("--mode", help="sync (the bench's, the default: rollout, then the "
                                                  "training step) | async (one-step off-policy, as PEARL).")] = None,
         per_batch: Annotated[bool, typer.Option("--per-batch", help="Add each batch's floor and every policy's "
@@ -436,6 +440,16 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
             raise UserInputError("--fold-tool-s applies to the default bench and --matrix only",
                                  fix="leave out --fold-tool-s with --spec-tokens or --divide-tokens")
         fold = FOLD_TOOL_S if fold_tool_s is None else fold_tool_s
+        from rollplan.sim.bench_replay import EVICTED_RETURN
+        from rollplan.sim.engine import EVICTED_RETURN_MODES
+
+        if evicted_return is not None and evicted_return not in EVICTED_RETURN_MODES:
+            raise UserInputError(f"--evicted-return must be one of {list(EVICTED_RETURN_MODES)}, got {evicted_return!r}",
+                                 fix="pass --evicted-return slot (the executor's behaviour), or leave it out (policy)")
+        if evicted_return is not None and (spec_tokens or divide_tokens):
+            raise UserInputError("--evicted-return applies to the default bench and --matrix only",
+                                 fix="leave out --evicted-return with --spec-tokens or --divide-tokens")
+        ret = EVICTED_RETURN if evicted_return is None else evicted_return
         if dispersion is not None:
             from rollplan.sim.workload import check_dispersion
 
@@ -448,12 +462,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if matrix and seed_list is not None:
             _bench_matrix_seeds(data, names, seeds=seed_list, jobs=jobs or default_jobs(), tool_kv=tool_kv,
                                 share_prompt=share_prompt, window_h=window_h, as_json=as_json, regime=regime,
-                                moves=moves, oracle=oracle, fold_tool_s=fold)
+                                moves=moves, oracle=oracle, fold_tool_s=fold, evicted_return=ret)
             return
         if matrix:
             _bench_matrix(data, names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv,
                           share_prompt=share_prompt, per_batch=per_batch, window_h=window_h, as_json=as_json,
-                          regime=regime, moves=moves, oracle=oracle, fold_tool_s=fold)
+                          regime=regime, moves=moves, oracle=oracle, fold_tool_s=fold, evicted_return=ret)
             return
         if window_h is not None:
             from rollplan.sim.bench_replay import check_window_h
@@ -478,7 +492,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
                                                                file=sys.stderr))), indent=1))
             return
         doc = run_bench(data, traces=names, seed=seed, jobs=jobs or default_jobs(), tool_kv=tool_kv, share_prompt=share_prompt,
-                        fold_tool_s=fold, mode=mode, per_batch=per_batch, dispersion=dispersion, first_epoch=first_epoch, regime=regime, moves=moves,
+                        fold_tool_s=fold, evicted_return=ret, mode=mode, per_batch=per_batch, dispersion=dispersion, first_epoch=first_epoch, regime=regime, moves=moves,
                         oracle=oracle, on_trace=None if as_json else (lambda n: print(f"replaying {n} ...", file=sys.stderr)))
         print(json.dumps(doc, indent=1))
         if as_json:
@@ -502,13 +516,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
 def _bench_matrix(data: Path, names: tuple[str, ...] | None, *, seed: int, jobs: int, tool_kv: str,
                   share_prompt: bool, per_batch: bool, window_h: float | None, as_json: bool,
-                  regime: str, moves: str, fold_tool_s: float, oracle: bool = False) -> None:
+                  regime: str, moves: str, fold_tool_s: float, oracle: bool = False,
+                  evicted_return: str = "policy") -> None:
     """``bench replay --matrix``: the JSON (``run_matrix``), then, without ``--json``, a table on stderr."""
     from rollplan.sim.bench_replay import check_window_h, run_matrix
 
     check_window_h(window_h)
     doc = run_matrix(data, traces=names, seed=seed, jobs=jobs, tool_kv=tool_kv, share_prompt=share_prompt,
-                     fold_tool_s=fold_tool_s, per_batch=per_batch, window_h=window_h, regime=regime, moves=moves, oracle=oracle,
+                     fold_tool_s=fold_tool_s, evicted_return=evicted_return, per_batch=per_batch, window_h=window_h, regime=regime, moves=moves, oracle=oracle,
                      on_cell=None if as_json else (lambda n, m, w: print(f"replaying {n} {m} {w} ...", file=sys.stderr)))
     print(json.dumps(doc, indent=1))
     if as_json:
@@ -561,7 +576,8 @@ def _print_table(table: Any, summary: str) -> None:
 
 def _bench_matrix_seeds(data: Path, names: tuple[str, ...] | None, *, seeds: tuple[int, ...], jobs: int,
                         tool_kv: str, share_prompt: bool, window_h: float | None, as_json: bool,
-                        regime: str, moves: str, oracle: bool, fold_tool_s: float) -> None:
+                        regime: str, moves: str, oracle: bool, fold_tool_s: float,
+                        evicted_return: str = "policy") -> None:
     """``bench replay --matrix --seeds``: the JSON (``run_matrix_seeds``), then, without ``--json``, a table of
     each cell's spread on stderr."""
     from rollplan.sim.bench_replay import check_window_h
@@ -570,7 +586,7 @@ def _bench_matrix_seeds(data: Path, names: tuple[str, ...] | None, *, seeds: tup
     check_window_h(window_h)
     doc = run_matrix_seeds(
         data, seeds=seeds, traces=names, jobs=jobs, tool_kv=tool_kv, share_prompt=share_prompt, window_h=window_h,
-        fold_tool_s=fold_tool_s, regime=regime, moves=moves, oracle=oracle,
+        fold_tool_s=fold_tool_s, evicted_return=evicted_return, regime=regime, moves=moves, oracle=oracle,
         on_seed=None if as_json else (lambda s: print(f"matrix, seed {s} ...", file=sys.stderr)),
         on_cell=None if as_json else (lambda n, m, w: print(f"  replaying {n} {m} {w} ...", file=sys.stderr)))
     print(json.dumps(doc, indent=1))

@@ -110,6 +110,7 @@ class NoProgressError(UserInputError):
 
 
 TOOL_KV_MODES = ("pinned", "evictable", "offload")
+EVICTED_RETURN_MODES = ("policy", "slot")
 MIN_DIVIDE_TOKENS = 64
 """The shortest chunk ``SimConfig.divide_tokens`` accepts: every chunk is a dispatch decision and two events, so
 a chunk of a few tokens would step long decodes token by token (Seer's chunks are thousands of tokens)."""
@@ -150,6 +151,13 @@ class SimConfig:
     as for a new request) or by re-prefill of its context on the new slot. Tool seconds of folded turns it
     finished in the chunk are owed and waited at the end of its next whole segment (exact in total; folding
     moves short waits too). 0 (default): no division, every replay unchanged.
+    ``evicted_return``: where a trajectory whose KV was evicted during its tool call (``tool_kv`` "evictable")
+    goes when the tool returns. "policy" (default): back to the policy's pending queue, which may place it on
+    any slot. "slot": to the engine that evicted it, where it waits for KV and re-prefills its context, as with
+    the executor, which sends each turn to the trajectory's placement and never learns of an engine's eviction
+    (``rollplan bench replay --evicted-return``). "slot" applies with ``tool_kv`` "evictable" (the engines'
+    behaviour); with "pinned" or "offload" an evicted trajectory goes back to the policy (a reload from the
+    store is a placement).
     ``start_interference`` (x >= 0; default 0): while any engine cold-starts, every serving slot's step time is
     ``(1 + x)`` times its own: engines that share one host's CPU cores (the executor's CPU test bed, where a
     start's imports and build take CPU from the serving engines; ``rollplan bench fidelity`` measures x). 0: the
@@ -170,10 +178,13 @@ class SimConfig:
     spec_adaptive: bool = True
     divide_tokens: int = 0
     start_interference: float = 0.0
+    evicted_return: str = "policy"
 
     def __post_init__(self) -> None:
         if self.tool_kv not in TOOL_KV_MODES:
             raise UnknownNameError("tool KV mode", self.tool_kv, TOOL_KV_MODES)
+        if self.evicted_return not in EVICTED_RETURN_MODES:
+            raise UnknownNameError("evicted return", self.evicted_return, EVICTED_RETURN_MODES)
         if isinstance(self.spec_tokens, bool) or not isinstance(self.spec_tokens, int) or self.spec_tokens < 0:
             raise SchemaError("--spec-tokens", f"must be an integer >= 0, got {self.spec_tokens!r}",
                               fix="pass the draft length k (0: no speculation), e.g. --spec-tokens 4")

@@ -177,6 +177,7 @@ class KvMemory:
         """Preempt v's KV (recompute later), as vLLM does when memory runs out."""
         self.rec.count("evictions")
         if v.state == TOOL:
+            v.evicted_from = v.slot
             self.release(v)
             if self.offload:
                 v.host = True

@@ -56,6 +56,7 @@ class Lifecycle:
         self.spec_groups: dict[str, list[int]] = {}  # group -> its trajectories in this batch (speculation)
         self.spec_done: dict[str, int] = {}  # group -> its finished trajectories in this batch
         self.divide = cfg.divide_tokens  # decode tokens per chunk (divided rollout; 0: off)
+        self.back_to_slot = cfg.evicted_return == "slot" and cfg.tool_kv == "evictable"
         self.chunk_move = getattr(sim.policy, "chunk_move", None)
 
     def wire(self) -> None:
@@ -549,6 +550,15 @@ class Lifecycle:
             return self.try_start(j, self.slots[j.slot])
         if j.slot >= 0:
             self._release(j)
+        home, j.evicted_from = j.evicted_from, -1
+        if self.back_to_slot and home >= 0:
+            s = self.slots[home]
+            if s.present and s.role in DECODING:
+                # The executor sends the turn to the engine that evicted its KV (it never learns of the
+                # eviction): it waits there for KV, the slot holding its context, and re-prefills it.
+                j.state = WAIT
+                self._reserve(j, s, j.ctx)
+                return self.try_start(j, s)
         self._enqueue(j)
         return []
 

@@ -153,6 +153,7 @@ class TrajState:
         "dec_done",
         "decoded",
         "epoch",
+        "evicted_from",
         "final",
         "group",
         "host",
@@ -234,6 +235,7 @@ class TrajState:
         self.owed_tool = 0.0
         self.move_ready = 0.0
         self.preferred = -1
+        self.evicted_from = -1  # the slot whose engine evicted its KV in a tool call (``SimConfig.evicted_return``)
         self.t_start = -1.0
         self.t_done = -1.0
         self.decoded = 0.0
