@@ -23,7 +23,13 @@ What this subclass changes (the file layout stays vLLM's):
   complete entry gone, every engine restarted on the store dying on it in turn) is removed, so the engine
   recomputes and the entry is stored again;
 - a failed write (disk full, store cleared meanwhile) only leaves the entry incomplete: it is logged,
-  never raised, because the engine can always recompute the KV instead.
+  never raised, because the engine can always recompute the KV instead;
+- one key for storing, matching and loading (``_key_tokens``: the prompt's whole blocks, its last token left
+  out). The base class matches one block fewer than it loads where a prompt's length is one past a whole
+  block, and a request resumed after a preemption loads an entry keyed by its prompt and the tokens it had
+  generated, which nobody stored; both kill the engine (``FileNotFoundError``) once its own prefix cache
+  misses, i.e. under KV pressure or after a trajectory moved engines. That was the "missing layer file" of
+  ``rollplan bench fidelity`` (docs/simulator.md, "Fidelity").
 """
 
 from __future__ import annotations
@@ -125,10 +131,6 @@ class AtomicFileConnector(ExampleConnector):
         if not self._found_match_for_request(request):
             return 0, False
         return max(0, self._key_tokens(prompt) - num_computed_tokens), False
-
-    def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
-        if num_external_tokens > 0:
-            self._requests_need_load[request.request_id] = request
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """The base class's step metadata, except that a request resumed after a preemption loads the entry
