@@ -436,19 +436,17 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
         if fold_tool_s is not None and not (math.isfinite(fold_tool_s) and fold_tool_s >= 0.0):
             raise UserInputError(f"--fold-tool-s must be a number of seconds >= 0, got {fold_tool_s}",
                                  fix="pass e.g. --fold-tool-s 0 (every turn its own segment), or leave it out (30)")
-        if fold_tool_s is not None and (spec_tokens or divide_tokens):
-            raise UserInputError("--fold-tool-s applies to the default bench and --matrix only",
-                                 fix="leave out --fold-tool-s with --spec-tokens or --divide-tokens")
-        fold = FOLD_TOOL_S if fold_tool_s is None else fold_tool_s
         from rollplan.sim.bench_replay import EVICTED_RETURN
         from rollplan.sim.engine import EVICTED_RETURN_MODES
 
         if evicted_return is not None and evicted_return not in EVICTED_RETURN_MODES:
             raise UserInputError(f"--evicted-return must be one of {list(EVICTED_RETURN_MODES)}, got {evicted_return!r}",
                                  fix="pass --evicted-return slot (the executor's behaviour), or leave it out (policy)")
-        if evicted_return is not None and (spec_tokens or divide_tokens):
-            raise UserInputError("--evicted-return applies to the default bench and --matrix only",
-                                 fix="leave out --evicted-return with --spec-tokens or --divide-tokens")
+        for flag, value in (("--fold-tool-s", fold_tool_s), ("--evicted-return", evicted_return)):
+            if value is not None and (spec_tokens or divide_tokens):  # physics of the default bench's scenarios
+                raise UserInputError(f"{flag} applies to the default bench and --matrix only",
+                                     fix=f"leave out {flag} with --spec-tokens or --divide-tokens")
+        fold = FOLD_TOOL_S if fold_tool_s is None else fold_tool_s
         ret = EVICTED_RETURN if evicted_return is None else evicted_return
         if dispersion is not None:
             from rollplan.sim.workload import check_dispersion
