@@ -3,7 +3,8 @@
 How a developer checks an idea before it goes into the decision core (``rollplan.policy``): subclass the
 simulator's policy, replay the same cells, compare tokens/s. Each variant below was tried on issue 18's
 ``128x16-history`` cells and not adopted (docs/simulator.md, "Sessions 22 and 23's trials", "Session 24's
-trials and diagnostics", "Session 25's trials", "Session 26's trials", "Session 27" and "Session 28's trials");
+trials and diagnostics", "Session 25's trials", "Session 26's trials", "Session 27", "Session 28's trials"
+and "Session 30's trials");
 this script reproduces those figures at the policy of the commit each section names (the variants subclass the
 policy as it is, so a later change to it moves them; git checkout that commit to reproduce an older section):
 
@@ -74,6 +75,23 @@ Session 28's (docs/simulator.md, "Session 28's trials"):
   critical sample's steps carry fewer co-runners (the oracle's edge on the long Bamboo batches).
 - ``isolate-fit``: the same, a destination keeping only the watermark free.
 
+Session 30's (docs/simulator.md, "Session 30's trials"):
+
+- ``expected-regime``: the regime minimises the expected end of the batch, E[max(bulk's end, longest path)]
+  over the predictor's spreads (each path normal), instead of comparing the regimes at the single longest
+  pessimistic path.
+- ``express`` / ``express-started``: one express slot per batch (a dedicated slot, the least loaded when the
+  batch's first sample is queued) takes no new sample; at each adopted plan the started predicted-critical
+  samples with the longest paths (two at most on it) move there (KV transfer). ``express-started``: the same
+  over ``rollplan-oracle-started`` (a reference: told a sample's true course once it starts).
+  ``express-path``: the express slot only while the latest plan finds the batch bound by its critical path.
+- ``factor`` / ``express-factor``: a started sample's remaining decode scaled by its decode tokens per turn
+  against its started siblings' median (its verbosity), without and with the express slot.
+- ``lane``: each of the first two predicted-critical sibling groups gets a lane slot where its samples start
+  and no other group's sample starts while one of the group's samples is not in a tool call.
+- ``pack-2`` / ``pack-4``: predicted-critical samples share a critical slot two / four at a time (critical
+  headroom 0.7 / 0.55), the regime model counting ceil(critical / 2 or 4) critical slots.
+
 Diagnostics (the figures docs/simulator.md quotes for these trials):
 
 - ``--per-batch``: each replay's rollout seconds per batch (None: the batch the window's end cuts).
@@ -109,6 +127,7 @@ from rollplan.policy.dispatch import (
     bulk_regime_pays,
     critical_set,
     occupancy_step,
+    pessimistic_parts,
     regime_makespan,
     required_room,
 )
@@ -124,7 +143,7 @@ from rollplan.sim.policies import (
     make_policy,
 )
 from rollplan.sim.replay import perf_factory, run_policy
-from rollplan.sim.state import DONE, MOVE, PREFILL
+from rollplan.sim.state import DONE, MOVE, PREFILL, TOOL
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 STARTED_FIRST = 1e12
@@ -502,6 +521,268 @@ class IsolateFit(Isolate):
     headroom = False
 
 
+def expected_makespan(bulk_s: float, paths: Sequence[tuple[float, float, int]], points: int = 200) -> float:
+    """E[max(bulk_s, max_k P_k)] for independent normal paths P_k ~ (mean, spread), each ``count`` times
+    (``paths``: (mean, spread, count)): bulk_s + the integral from bulk_s of P(max_k P_k > x)."""
+    if not paths:
+        return bulk_s
+    top = max(m + 6.0 * sd for m, sd, _n in paths)
+    if top <= bulk_s:
+        return bulk_s
+    dx = (top - bulk_s) / points
+    acc = 0.0
+    for i in range(points):
+        x = bulk_s + (i + 0.5) * dx
+        log_cdf = 0.0
+        for m, sd, n in paths:
+            if sd <= 0.0:
+                if x < m:
+                    log_cdf = -math.inf
+                    break
+                continue
+            c = 0.5 * (1.0 + math.erf((x - m) / (sd * math.sqrt(2.0))))
+            if c <= 0.0:
+                log_cdf = -math.inf
+                break
+            log_cdf += n * math.log(c)
+        acc += 1.0 - math.exp(log_cdf)
+    return bulk_s + acc * dx
+
+
+class ExpectedRegime(RollplanPolicy):
+    """``expected-regime``: the regime minimises the expected end of the batch, E[max(bulk's end, longest
+    path)], over the predictor's spreads (each path normal: mean, spread at the regime's step), instead of
+    comparing the two regimes at the single longest pessimistic path (mean + ``DISPATCH_Z`` spreads)."""
+
+    TOP = 64
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        super().__init__(*a, **k)
+        self._mu: dict[int, tuple[float, float, float, float]] = {}
+
+    def _predict(self, sim: Any, j: int, progress: Any = None, pf_done: Any = None) -> Any:
+        rem = super()._predict(sim, j, progress, pf_done)
+        a, sds = self._a_ref, rem[4]
+        self._mu[j] = (rem[0] * a, sds[0] * a, rem[2], sds[2])
+        return rem
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        super()._apply(sim, plan)
+        if self.regime == "share" or not self._cp or not sim.live:
+            return
+        from rollplan.policy.dispatch import occupancy_step
+
+        work, args = regime_inputs(self, sim, plan)
+        perf, slots, crit = args["perf"], args["slots"], args["critical"]
+        ref = float(perf.decode_step_time(8, 16384.0))
+        live = [j for j in self._cp if j in self._mu]
+        live.sort(key=self._cp.__getitem__, reverse=True)
+        cand: dict[tuple[float, float, float, float], int] = {}
+        for j in live:
+            key = self._mu[j]
+            cand[key] = cand.get(key, 0) + 1
+            if len(cand) >= self.TOP:
+                break
+        n = max(slots, 1)
+        n_c = min(max(crit, 0), n)
+        full = occupancy_step(perf, 1.0)[1]
+        out = []
+        for bulk in (True, False):
+            h_c, h_o = self.headrooms.levels(bulk)
+            step, _ = occupancy_step(perf, 1.0 - (h_c if n_c else h_o))
+            ratio = step / ref if ref > 0 else 1.0
+            rate = (n_c * occupancy_step(perf, 1.0 - h_c)[1] + (n - n_c) * occupancy_step(perf, 1.0 - h_o)[1]) / (n * full)
+            b = work / rate if rate > 0 else math.inf
+            paths = [(d * ratio + t, sd * ratio + st, c) for (d, sd, t, st), c in cand.items()]
+            out.append(expected_makespan(b, paths))
+        self._bulk_bound = out[0] <= out[1]
+
+
+def express(base: type[RollplanPolicy]) -> type[RollplanPolicy]:
+    """``base`` with an express slot per batch: one decoding slot (a dedicated one, the least loaded when the
+    batch starts) takes no new sample that is not predicted-critical, and at each adopted plan every started,
+    predicted-critical sample (at most ``EXPRESS_MAX`` on it) moves there (KV transfer) when it fits."""
+
+    class Express(base):  # type: ignore[valid-type, misc]
+        EXPRESS_MAX = 2
+        ONLY_PATH = False
+
+        def _lane(self, sim: Any) -> int:
+            if self._express_batch != sim.batch or (self.ONLY_PATH and self._bulk_bound):
+                return -1
+            return self._express
+
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, **k)
+            self._express = -1
+            self._express_batch = -1
+
+        def _pick(self, sim: Any) -> int:
+            if self._express_batch != sim.batch or not (0 <= self._express < len(sim.slots)
+                                                        and sim.slots[self._express].present):
+                cands = [s for s in super().candidates(sim) if s.source.name == "DEDICATED"] or super().candidates(sim)
+                if not cands:
+                    return -1
+                best = min(cands, key=lambda s: (s.n_res, -s.kv_free))
+                self._express, self._express_batch = best.idx, sim.batch
+            return self._express
+
+        def choose_slot(self, sim: Any, j: int) -> Any:
+            t = sim.trajs[j]
+            if self._lane(sim) >= 0 and t.preferred == self._express:
+                t.preferred = -1
+            return super().choose_slot(sim, j)
+
+        def _new_batch(self, sim: Any) -> None:
+            fresh = sim.batch != self._batch
+            super()._new_batch(sim)
+            if fresh:
+                self._pick(sim)
+
+        def candidates(self, sim: Any) -> list[Any]:
+            c = super().candidates(sim)
+            e = self._lane(sim)
+            if e < 0:
+                return c
+            return [s for s in c if s.idx != e]
+
+        def _apply(self, sim: Any, plan: Any) -> None:
+            super()._apply(sim, plan)
+            self._pick(sim)
+            e = self._lane(sim)
+            if e < 0:
+                return
+            dst = sim.slots[e]
+            crit = self._critical()
+            on = sum(1 for r in dst.residents if r in crit)
+            for j in sorted(crit, key=lambda k: -self._cp.get(k, 0.0)):
+                if on >= self.EXPRESS_MAX:
+                    break
+                t = sim.trajs[j]
+                if t.slot < 0 or t.slot == e or not t.kv_ok or t.t_start < 0 or t.state in (PREFILL, MOVE, DONE):
+                    continue
+                if dst.kv_free - dst.watermark < t.reserved + t.sh:
+                    continue
+                sim.migrate(j, e, by_kv=True)
+                on += 1
+
+    Express.__name__ = f"Express{base.__name__}"
+    return Express
+
+
+class SampleFactor(RollplanPolicy):
+    """``factor``: a started sample's remaining decode is scaled by how verbose it has been against its started
+    siblings: (its decode tokens per finished turn) / (the median of that over its group's started siblings),
+    once it has finished ``MIN_TURNS`` turns (the samples of a prompt follow one course, each at its own
+    verbosity)."""
+
+    MIN_TURNS = 2
+
+    def snapshot(self, sim: Any) -> Any:
+        rates: dict[str, list[float]] = {}
+        for t in sim.trajs:
+            if t.state == DONE:
+                continue
+            dec, turns, _tool, _ctx = sim.progress(t)
+            if turns >= self.MIN_TURNS:
+                rates.setdefault(t.group, []).append(dec / turns)
+        self._grate = {g: sorted(v)[len(v) // 2] for g, v in rates.items() if len(v) >= 2}
+        return super().snapshot(sim)
+
+    def _predict(self, sim: Any, j: int, progress: Any = None, pf_done: Any = None) -> Any:
+        rem = super()._predict(sim, j, progress, pf_done)
+        t = sim.trajs[j]
+        dec, turns, _tool, _ctx = progress if progress is not None else sim.progress(t)
+        g = getattr(self, "_grate", {}).get(t.group)
+        if g is None or turns < self.MIN_TURNS or g <= 0:
+            return rem
+        f = (dec / turns) / g
+        new_dec = max(1.0, (rem[0] + dec) * f - dec)
+        rem = (new_dec, *rem[1:])
+        a, sds = self._a_ref, rem[4]
+        dec_s, tool_s = pessimistic_parts(new_dec, sds[0], rem[2], sds[2], a, self.dispatch_z)
+        self._cp[j] = dec_s + tool_s
+        self._cp_dec[j] = dec_s
+        return rem
+
+
+class GroupLane(RollplanPolicy):
+    """``lane``: each predicted-critical sibling group gets a lane: the least loaded admitting slot when its
+    first sample is placed, where its samples start (when the lane keeps the watermark free after them) and
+    where no sample of another group starts while one of the group's samples is not in a tool call or done."""
+
+    MAX_LANES = 2
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        super().__init__(*a, **k)
+        self._lanes: dict[str, int] = {}
+        self._lane_batch = -1
+
+    def _lane_state(self, sim: Any) -> tuple[dict[str, int], set[int]]:
+        if self._lane_batch != sim.batch:
+            self._lanes, self._lane_batch = {}, sim.batch
+        active: set[int] = set()
+        if self._lanes:
+            left: dict[str, bool] = {}
+            for t in sim.trajs:
+                if t.group in self._lanes and not left.get(t.group) and t.state not in (DONE, TOOL):
+                    left[t.group] = True
+            active = {s for g, s in self._lanes.items() if left.get(g)}
+        return self._lanes, active
+
+    def candidates(self, sim: Any) -> list[Any]:
+        c = super().candidates(sim)
+        block = getattr(self, "_block", None)
+        return c if not block else [s for s in c if s.idx not in block]
+
+    def choose_slot(self, sim: Any, j: int) -> Any:
+        t = sim.trajs[j]
+        lanes, active = self._lane_state(sim)
+        crit = self._critical()
+        if j in crit:
+            lane = lanes.get(t.group)
+            if lane is None and len(lanes) < self.MAX_LANES:
+                cands = [s for s in super().candidates(sim) if s.idx not in lanes.values()]
+                if cands:
+                    lane = min(cands, key=lambda s: (s.n_res, -s.kv_free)).idx
+                    lanes[t.group] = lane
+                    active.add(lane)
+            if lane is not None:
+                s = sim.slots[lane]
+                need = sim.need_new(t)
+                if (s.present and s.role in DECODING and s.ready_at <= sim.now and s.return_by is None
+                        and s.kv_free - s.watermark + sim.prefix_bonus(s, t) - need >= 0):
+                    return self._admit(j, lane, crit)
+        mine = lanes.get(t.group)
+        self._block = {x for x in active if x != mine}
+        if t.preferred in self._block:
+            t.preferred = -1
+        try:
+            return super().choose_slot(sim, j)
+        finally:
+            self._block = None
+
+
+class CriticalPack(RollplanPolicy):
+    """``pack-P``: predicted-critical samples may share a critical slot ``P`` at a time (critical headroom
+    ``HEADROOM``), and the regime model counts ceil(critical / P) critical slots."""
+
+    PACK = 2
+    HEADROOM = 0.7
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        super().__init__(*a, **k)
+        self.headrooms = Headrooms(critical=self.HEADROOM)
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        super()._apply(sim, plan)
+        if self.regime == "share" or not self._cp or not sim.live:
+            return
+        work, args = regime_inputs(self, sim, plan)
+        args["critical"] = -(-args["critical"] // self.PACK)
+        self._bulk_bound = bulk_regime_pays(work, headrooms=self.headrooms, **args)
+
+
 class PooledPredictor(Predictor):
     """``Predictor`` whose group update pools a prompt's history with its finished siblings (the history
     already holds them) instead of replacing the history by them: a group's first finishers are its shortest
@@ -525,6 +806,15 @@ class Pooled(RollplanPolicy):
 
 TRIALS: dict[str, Callable[[], Any]] = {
     "rollplan": lambda: make_policy("rollplan"),
+    "expected-regime": ExpectedRegime,
+    "express": lambda: express(RollplanPolicy)(),
+    "express-started": lambda: express(StartedOracleRollplan)(),
+    "express-path": lambda: type("ExpressPath", (express(RollplanPolicy),), {"ONLY_PATH": True})(),
+    "factor": SampleFactor,
+    "lane": GroupLane,
+    "pack-2": CriticalPack,
+    "pack-4": lambda: type("Pack4", (CriticalPack,), {"PACK": 4, "HEADROOM": 0.55})(),
+    "express-factor": lambda: express(SampleFactor)(),
     "elastic-plus": lambda: make_policy("elastic-plus"),
     "growth": lambda: GrowthReserve(1.0),
     "growth-2": lambda: GrowthReserve(2.0),

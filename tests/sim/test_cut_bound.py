@@ -118,17 +118,20 @@ def test_identical_trajectories_on_one_gpu_closed_form(n_traj: int) -> None:
     assert got <= sum(caps) + 1e-9
 
 
-def test_kv_capacity_binds_and_stays_above_a_feasible_schedule() -> None:
-    window, n_traj, ctx = 100.0, 16, 1000
-    specs = [_one_turn(i, ctx, 1_000_000) for i in range(n_traj)]
+@pytest.mark.parametrize("fit", [2, 4, 8])
+def test_kv_capacity_binds_and_stays_above_a_feasible_schedule(fit: int) -> None:
+    window, n_traj, ctx, turn = 100.0, 16, 1000, 1_000_000
+    specs = [_one_turn(i, ctx, turn) for i in range(n_traj)]
     caps = [window / AFFINE.alone(ctx)] * n_traj
     roomy = cut_batch_tokens_bound(specs, caps, AFFINE, window_s=window, gpu_seconds=window, kv_capacity=1e12,
                                    share=1)
-    fit = 4  # KV for 4 of them at once
+    # KV for ``fit`` of them at once: a segment reserves its turn's end context when it starts (the simulator's
+    # ``Lifecycle.start_segment``), so each holds ctx + turn while it decodes, however little it has decoded.
     tight = cut_batch_tokens_bound(specs, caps, AFFINE, window_s=window, gpu_seconds=window,
-                                   kv_capacity=fit * ctx, share=1)
-    feasible = fit * window / (AFFINE.fixed + fit * AFFINE.co_runner(ctx))  # the same 4 all along
+                                   kv_capacity=fit * (ctx + turn), share=1)
+    feasible = fit * window / (AFFINE.fixed + fit * AFFINE.co_runner(ctx))  # the same ``fit`` all along
     assert feasible <= tight + 1e-6
+    assert tight <= 1.2 * feasible  # the reservation, not the context decoded so far, fills the KV
     assert tight < 0.9 * roomy
 
 

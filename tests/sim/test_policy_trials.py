@@ -50,7 +50,7 @@ def test_every_override_has_a_base_method(trials: ModuleType) -> None:
                trials.ElasticPlusAffinity, trials.BulkAffinity, trials.BulkEvictable, trials.RegimeKeys,
                trials.ModelHeadroom, trials.CriticalApart, trials.RegimeByGroups,
                trials.critical_moves(RollplanPolicy), trials.critical_moves(StartedOracleRollplan),
-               trials.PooledPredictor]
+               trials.PooledPredictor, trials.ExpectedRegime, trials.SampleFactor, trials.CriticalPack]
     for cls in classes:
         base = cls.__mro__[1]
         own = [k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")]
@@ -248,3 +248,47 @@ def test_isolate_moves_only_non_critical_residents_off_critical_slots(shared_dat
     # samples have co-residents)
     assert bool(moves) is (variant == "IsolateFit")
     assert all(not critical and from_critical and not to_critical for critical, from_critical, to_critical in moves)
+
+
+@pytest.mark.parametrize("base", [RollplanPolicy, StartedOracleRollplan])
+def test_express_slot_takes_no_new_sample_and_only_started_critical_moves(shared_data: Path, trials: ModuleType,
+                                                                          base: type) -> None:
+    admitted: list[bool] = []
+    moves: list[tuple[bool, bool, int]] = []
+
+    class Probe(trials.express(base)):  # type: ignore[misc]
+        def _admit(self, j, slot, crit):  # type: ignore[no-untyped-def]
+            admitted.append(slot == self._lane(self._sim))
+            return super()._admit(j, slot, crit)
+
+        def _apply(self, sim, plan):  # type: ignore[no-untyped-def]
+            self._sim = sim
+            real = sim.migrate
+
+            def spy(j, target, *, by_kv):  # type: ignore[no-untyped-def]
+                if self._own and target == self._lane(sim):
+                    crit = self._critical()
+                    moves.append((j in crit, sim.trajs[j].t_start >= 0,
+                                  sum(1 for r in sim.slots[target].residents if r in crit)))
+                return real(j, target, by_kv=by_kv)
+
+            sim.migrate = spy
+            self._own = False
+            try:
+                super()._apply(sim, plan)
+            finally:
+                sim.migrate = real
+
+        def _pick(self, sim):  # type: ignore[no-untyped-def]
+            self._own = True  # the plan's own moves are carried out; the express moves follow
+            return super()._pick(sim)
+
+        def _new_batch(self, sim):  # type: ignore[no-untyped-def]
+            self._sim = sim
+            super()._new_batch(sim)
+
+    sc = matrix_scenario(shared_data, "parcae-hh", "async", matrix_workload("128x16-history"), window_h=0.3)
+    run_policy(sc, Probe())
+    assert admitted and not any(admitted)  # no sample starts on the express slot
+    assert moves  # started predicted-critical samples move there, never beyond two at once
+    assert all(critical and started and n < Probe.EXPRESS_MAX for critical, started, n in moves)

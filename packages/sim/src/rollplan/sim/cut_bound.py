@@ -23,9 +23,11 @@ Notations (one cut batch; tokens, seconds):
   M_i(n)        sum over its first n tokens of m0 + kappa c0 (what they add to their steps) plus, per token,
                 its fold group's share of the group's prefill (the simulator spreads a segment's prefill
                 over its decode steps; the prompt counted 1/G per sample)
-  K_i(n)        sum over its first n tokens of (f + m0 + kappa c0) * k_tok, k_tok = c0 - P_i + P_i / G: the
-                KV-seconds its own step time holds (the prompt's KV counted once per GPU, so 1/G of it each)
-  k1_i          the least KV i holds while decoding: P_i / G plus its first turn's prefill
+  K_i(n)        sum over its first n tokens of (f + m0 + kappa c0) * k_tok, k_tok = c1 - P_i + P_i / G with
+                c1 the context the token's turn ends with: the KV-seconds its own step time holds (a segment
+                reserves the context it ends with from its start, and ends no earlier than the turn it is
+                in; the prompt's KV counted once per GPU, so 1/G of it each)
+  k1_i          the least KV i holds while decoding: P_i / G plus its first turn's prefill and decode
 
 Constraints every schedule meets, per trajectory i that decodes n_i tokens by the window's end:
 
@@ -213,24 +215,36 @@ class _Course:
 
 def _course(spec: SimTraj, groups: Sequence[CourseGroup], env: StepEnvelope, pre: PrefillEnvelope | None,
             share: int) -> _Course:
-    """``spec``'s ``_Course`` (see the notations)."""
+    """``spec``'s ``_Course`` (see the notations), one entry per turn: a turn's tokens are priced at its fold
+    group's seconds per token and GPU charge (``spt``, ``mc``), and each holds, while it decodes, at least the
+    context its turn ends with (``kc``): a segment reserves the context it ends with when it starts
+    (``rollplan.sim.lifecycle.Lifecycle.start_segment``), and every segment holds at least its first turn."""
     p = float(spec.prompt_tokens)
-    starts, spt, mc, kc = [], [], [], []
+    starts, spt, mc, kc, toks = [], [], [], [], []
     t = 0.0
+    turn = 0
+    ctx = p
     for g in groups:
         a = env.alone(g.ctx0)
-        starts.append(t)
-        spt.append(a)
         charge = 0.0
         if pre is not None and g.tokens > 0:
             # the simulator charges a segment's prefill over its decode steps: per token, its share
             charge = sum(pre.cost(n, c) for n, c in g.prefill) + (pre.cost(p / share, 0.0) if not mc else 0.0)
-        mc.append(env.co_runner(g.ctx0) + (charge / g.tokens if g.tokens > 0 else 0.0))
-        kc.append(a * (g.ctx0 - p + p / share))
-        t += g.tokens * a + g.tool_s
-    cum = np.concatenate(([0.0], np.cumsum([float(g.tokens) for g in groups])))
-    k1 = p / share + (groups[0].ctx0 - p if groups else 0.0)
-    return _Course(cum, np.array(starts), np.array(spt), np.array(mc), np.array(kc), max(k1, 0.0))
+        m = env.co_runner(g.ctx0) + (charge / g.tokens if g.tokens > 0 else 0.0)
+        for _ in g.prefill:  # one entry per turn of the group, in order
+            d = spec.decode[turn]
+            ctx += spec.prefill[turn] + d
+            starts.append(t)
+            spt.append(a)
+            mc.append(m)
+            kc.append(a * (ctx - p + p / share))
+            toks.append(float(d))
+            t += d * a
+            turn += 1
+        t += g.tool_s
+    cum = np.concatenate(([0.0], np.cumsum(toks)))
+    first = (spec.prefill[0] + spec.decode[0]) if len(spec.decode) else 0.0
+    return _Course(cum, np.array(starts), np.array(spt), np.array(mc), np.array(kc), p / share + first)
 
 
 @dataclass(frozen=True, slots=True)
