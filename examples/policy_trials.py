@@ -91,6 +91,8 @@ Session 30's (docs/simulator.md, "Session 30's trials"):
   and no other group's sample starts while one of the group's samples is not in a tool call.
 - ``pack-2`` / ``pack-4``: predicted-critical samples share a critical slot two / four at a time (critical
   headroom 0.7 / 0.55), the regime model counting ceil(critical / 2 or 4) critical slots.
+- ``early-critical``: the critical-path regime's headrooms hold until every sample predicted-critical at the
+  batch's start has finished its first segment, whatever the plans find.
 
 Diagnostics (the figures docs/simulator.md quotes for these trials):
 
@@ -783,6 +785,26 @@ class CriticalPack(RollplanPolicy):
         self._bulk_bound = bulk_regime_pays(work, headrooms=self.headrooms, **args)
 
 
+class EarlyCritical(RollplanPolicy):
+    """``early-critical``: the critical-path regime's headrooms (``Headrooms.levels(False)``) hold until every
+    sample predicted-critical at the batch's start has finished its first segment (reached a tool call or
+    its end), whatever the plans find; then the regime as the policy decides it."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        super().__init__(*a, **k)
+        self._early_batch = -1
+        self._early: set[int] = set()
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        super()._apply(sim, plan)
+        if self._early_batch != sim.batch:
+            self._early_batch = sim.batch
+            self._early = set(self._critical())
+        self._early = {j for j in self._early if sim.trajs[j].turn == 0 and sim.trajs[j].state not in (TOOL, DONE)}
+        if self._early:
+            self._bulk_bound = False
+
+
 class PooledPredictor(Predictor):
     """``Predictor`` whose group update pools a prompt's history with its finished siblings (the history
     already holds them) instead of replacing the history by them: a group's first finishers are its shortest
@@ -813,6 +835,7 @@ TRIALS: dict[str, Callable[[], Any]] = {
     "factor": SampleFactor,
     "lane": GroupLane,
     "pack-2": CriticalPack,
+    "early-critical": EarlyCritical,
     "pack-4": lambda: type("Pack4", (CriticalPack,), {"PACK": 4, "HEADROOM": 0.55})(),
     "express-factor": lambda: express(SampleFactor)(),
     "elastic-plus": lambda: make_policy("elastic-plus"),
