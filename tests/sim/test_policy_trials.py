@@ -13,7 +13,9 @@ headroom of some plans of a replay within its grid; ``critical-moves`` carries o
 predicted-critical sample only (a move its slot forces, every policy carries out); ``pooled`` predicts a
 group from its prompt's whole history (its finished siblings included) where the plain predictor takes the
 finished siblings alone; ``isolate`` / ``isolate-fit`` move only residents that are not predicted-critical,
-off a slot hosting a predicted-critical sample, to one hosting none; bad ``--cells`` /
+off a slot hosting a predicted-critical sample, to one hosting none; ``express`` (over rollplan and over the
+started oracle) starts no sample on its express slot and moves there only started predicted-critical
+samples, two at most at once; bad ``--cells`` /
 ``--trials`` / ``--hold-h`` / ``--timeline`` / ``--last`` give a one-line error and exit 2.
 """
 
