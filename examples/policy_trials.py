@@ -572,11 +572,8 @@ class ExpectedRegime(RollplanPolicy):
         super()._apply(sim, plan)
         if self.regime == "share" or not self._cp or not sim.live:
             return
-        from rollplan.policy.dispatch import occupancy_step
-
         work, args = regime_inputs(self, sim, plan)
-        perf, slots, crit = args["perf"], args["slots"], args["critical"]
-        ref = float(perf.decode_step_time(8, 16384.0))
+        kw = {k: args[k] for k in ("perf", "slots", "critical")}
         live = [j for j in self._cp if j in self._mu]
         live.sort(key=self._cp.__getitem__, reverse=True)
         cand: dict[tuple[float, float, float, float], int] = {}
@@ -585,16 +582,12 @@ class ExpectedRegime(RollplanPolicy):
             cand[key] = cand.get(key, 0) + 1
             if len(cand) >= self.TOP:
                 break
-        n = max(slots, 1)
-        n_c = min(max(crit, 0), n)
-        full = occupancy_step(perf, 1.0)[1]
         out = []
         for bulk in (True, False):
-            h_c, h_o = self.headrooms.levels(bulk)
-            step, _ = occupancy_step(perf, 1.0 - (h_c if n_c else h_o))
-            ratio = step / ref if ref > 0 else 1.0
-            rate = (n_c * occupancy_step(perf, 1.0 - h_c)[1] + (n - n_c) * occupancy_step(perf, 1.0 - h_o)[1]) / (n * full)
-            b = work / rate if rate > 0 else math.inf
+            # ``regime_makespan``'s own terms: the bulk's end (no path), and a decode second's length on the
+            # regime's critical step (one decode second, no work, no tool)
+            b = regime_makespan(bulk, work, 0.0, 0.0, headrooms=self.headrooms, **kw)
+            ratio = regime_makespan(bulk, 0.0, 1.0, 0.0, headrooms=self.headrooms, **kw)
             paths = [(d * ratio + t, sd * ratio + st, c) for (d, sd, t, st), c in cand.items()]
             out.append(expected_makespan(b, paths))
         self._bulk_bound = out[0] <= out[1]
