@@ -93,6 +93,11 @@ Session 30's (docs/simulator.md, "Session 30's trials"):
   headroom 0.7 / 0.55), the regime model counting ceil(critical / 2 or 4) critical slots.
 - ``early-critical``: the critical-path regime's headrooms hold until every sample predicted-critical at the
   batch's start has finished its first segment, whatever the plans find.
+- ``regime-3``: the step model picks, at each plan, among the bulk regime, the critical-path regime and
+  ``pack-4``'s packed one, whichever it predicts ends the batch first.
+
+Physics (``bench replay``'s flags of the same names; the bench's by default): ``--fold-tool-s S``, ``--tool-kv
+pinned|evictable|offload``, ``--evicted-return policy|slot`` replay every cell under those physics.
 
 Diagnostics (the figures docs/simulator.md quotes for these trials):
 
@@ -134,7 +139,16 @@ from rollplan.policy.dispatch import (
     required_room,
 )
 from rollplan.policy.predict import Predictor
-from rollplan.sim.bench_replay import BENCH_TRACES, MATRIX_MODES, matrix_scenario, matrix_workload, traj_floor
+from rollplan.sim.bench_replay import (
+    BENCH_TRACES,
+    EVICTED_RETURN,
+    FOLD_TOOL_S,
+    MATRIX_MODES,
+    matrix_scenario,
+    matrix_workload,
+    traj_floor,
+)
+from rollplan.sim.engine import EVICTED_RETURN_MODES, TOOL_KV_MODES
 from rollplan.sim.policies import (
     DECODING,
     ORACLE,
@@ -778,6 +792,34 @@ class CriticalPack(RollplanPolicy):
         self._bulk_bound = bulk_regime_pays(work, headrooms=self.headrooms, **args)
 
 
+class ThreeRegimes(RollplanPolicy):
+    """``regime-3``: at each adopted plan the step model (``regime_makespan``) compares three admission regimes
+    and keeps the one it predicts ends the batch first: the bulk regime, the critical-path regime (one
+    predicted-critical sample per critical slot, ``CRITICAL_HEADROOM``) and the packed one of ``pack-4``
+    (critical slots shared ``PACK`` at a time at critical headroom ``HEADROOM``, ceil(critical / ``PACK``) of
+    them). Ties go to the earlier in that order."""
+
+    PACK = 4
+    HEADROOM = 0.55
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        self.headrooms = Headrooms()
+        super()._apply(sim, plan)
+        if self.regime == "share" or not self._cp or not sim.live:
+            return
+        work, args = regime_inputs(self, sim, plan)
+        plain = Headrooms()
+        packed = Headrooms(critical=self.HEADROOM)
+        ends = [regime_makespan(True, work, headrooms=plain, **args),
+                regime_makespan(False, work, headrooms=plain, **args),
+                regime_makespan(False, work, headrooms=packed,
+                                **{**args, "critical": -(-args["critical"] // self.PACK)})]
+        best = min(range(3), key=ends.__getitem__)
+        self._bulk_bound = best == 0
+        if best == 2:
+            self.headrooms = packed
+
+
 class EarlyCritical(RollplanPolicy):
     """``early-critical``: the critical-path regime's headrooms (``Headrooms.levels(False)``) hold until every
     sample predicted-critical at the batch's start has finished its first segment (reached a tool call or
@@ -829,6 +871,7 @@ TRIALS: dict[str, Callable[[], Any]] = {
     "lane": GroupLane,
     "pack-2": CriticalPack,
     "early-critical": EarlyCritical,
+    "regime-3": ThreeRegimes,
     "pack-4": lambda: type("Pack4", (CriticalPack,), {"PACK": 4, "HEADROOM": 0.55})(),
     "express-factor": lambda: express(SampleFactor)(),
     "elastic-plus": lambda: make_policy("elastic-plus"),
@@ -967,10 +1010,21 @@ def last_probe(policy: Any, scenario: Any, n: int,
     return policy, finish
 
 
-def run_one(job: tuple[str, str, int, str, str, float | None, Diagnostics]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Physics:
+    """The simulator physics the cells replay under (``bench replay``'s flags of the same names); the bench's by
+    default."""
+
+    fold_tool_s: float = FOLD_TOOL_S
+    tool_kv: str = "evictable"
+    evicted_return: str = EVICTED_RETURN
+
+
+def run_one(job: tuple[str, str, int, str, str, float | None, Diagnostics, Physics]) -> dict[str, Any]:
     """One variant's replay of one ``128x16-history`` cell (``window_h``: the window cut to that many hours)."""
-    trace, mode, seed, trial, data, window_h, diag = job
-    sc = matrix_scenario(Path(data), trace, mode, matrix_workload("128x16-history"), seed=seed, window_h=window_h)
+    trace, mode, seed, trial, data, window_h, diag, phys = job
+    sc = matrix_scenario(Path(data), trace, mode, matrix_workload("128x16-history"), seed=seed, window_h=window_h,
+                         fold_tool_s=phys.fold_tool_s, tool_kv=phys.tool_kv, evicted_return=phys.evicted_return)
     if diag.hold_h is not None:
         sc = replace(sc, duration_s=sc.end_time + diag.hold_h * 3600.0)
     policy = TRIALS[trial]()
@@ -997,9 +1051,10 @@ def run_one(job: tuple[str, str, int, str, str, float | None, Diagnostics]) -> d
 
 
 def run_trials(data: Path, cells: Sequence[tuple[str, str, int]], trials: Sequence[str], *, jobs: int = 2,
-               window_h: float | None = None, diagnostics: Diagnostics = Diagnostics()) -> list[dict[str, Any]]:
+               window_h: float | None = None, diagnostics: Diagnostics = Diagnostics(),
+               physics: Physics = Physics()) -> list[dict[str, Any]]:
     """Every trial on every cell, in cell then trial order."""
-    work = [(c[0], c[1], c[2], t, str(data), window_h, diagnostics) for c in cells for t in trials]
+    work = [(c[0], c[1], c[2], t, str(data), window_h, diagnostics, physics) for c in cells for t in trials]
     if jobs > 1:
         with Pool(jobs, maxtasksperchild=1) as pool:
             return pool.map(run_one, work)
@@ -1020,6 +1075,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="sample each replay's state every SECONDS of simulated time")
     ap.add_argument("--last", type=int, default=None, metavar="N",
                     help="per batch, the N samples that finished last (start, end, floor)")
+    ap.add_argument("--fold-tool-s", type=float, default=FOLD_TOOL_S, help="the simulator's segment folding")
+    ap.add_argument("--tool-kv", default="evictable", help="KV of trajectories in tool calls: " + "|".join(TOOL_KV_MODES))
+    ap.add_argument("--evicted-return", default=EVICTED_RETURN, help="|".join(EVICTED_RETURN_MODES))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -1031,13 +1089,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UserInputError(f"{flag} must be a positive number, got {v}", fix=f"pass {flag} > 0 or leave it out")
         if args.last is not None and args.last < 1:
             raise UserInputError(f"--last must be at least 1, got {args.last}", fix="pass --last N with N >= 1")
+        if not (math.isfinite(args.fold_tool_s) and args.fold_tool_s >= 0):
+            raise UserInputError(f"--fold-tool-s must be a number >= 0, got {args.fold_tool_s}", fix="pass --fold-tool-s 0 or more")
+        if args.tool_kv not in TOOL_KV_MODES:
+            raise UserInputError(f"--tool-kv must be one of {list(TOOL_KV_MODES)}, got {args.tool_kv!r}",
+                                 fix="pass --tool-kv " + " or ".join(TOOL_KV_MODES))
+        if args.evicted_return not in EVICTED_RETURN_MODES:
+            raise UserInputError(f"--evicted-return must be one of {list(EVICTED_RETURN_MODES)}, got {args.evicted_return!r}",
+                                 fix="pass --evicted-return " + " or ".join(EVICTED_RETURN_MODES))
         if args.hold_h is not None and args.window_h is not None:
             raise UserInputError("--hold-h and --window-h both given", fix="cut the window or extend it, not both")
     except UserInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     rows = run_trials(args.data, cells, trials, jobs=args.jobs, window_h=args.window_h,
-                      diagnostics=Diagnostics(args.per_batch, args.hold_h, args.timeline, args.last))
+                      diagnostics=Diagnostics(args.per_batch, args.hold_h, args.timeline, args.last),
+                      physics=Physics(args.fold_tool_s, args.tool_kv, args.evicted_return))
     if args.json:
         print(json.dumps({"trials": rows}, indent=1))
     else:

@@ -8,13 +8,14 @@ Invariants checked:
 - ``course_groups`` by hand, and ``fastest_course`` is the same groups priced at batch 1;
 - closed-form oracle: N identical one-turn trajectories on one GPU whose step is exactly affine. Running
   them all together is feasible and is what the relaxation allows, so the bound is those tokens (to the
-  grid's resolution), never below them; with less KV than they need at once it is lower still and still
-  above what running as many as fit gives;
+  grid's resolution), never below them; with less KV than they need at once it is exactly what running as
+  many as fit gives (the GPU' row: a step's fixed part split by KV occupancy);
 - (hypothesis, random small batches) the bound never exceeds the per-trajectory sum and is reached when the
   GPUs are plentiful;
 - ``window_gpu_seconds`` by hand over a trace's changes, with the lent GPUs' training step;
 - on a crowded scenario (128 trajectories on 3 GPUs) the coupled bound binds (below the per-trajectory
-  bound) and no policy, nor either oracle reference, exceeds the ceiling it gives, in both modes; with
+  bound) and no policy, nor either oracle reference, exceeds the ceiling it gives, in both modes; with half
+  the KV per GPU the ceiling is lower and still above every policy and reference; with
   speculative decoding or divided rollout the ceiling falls back to the per-trajectory bound.
 """
 
@@ -131,7 +132,9 @@ def test_kv_capacity_binds_and_stays_above_a_feasible_schedule(fit: int) -> None
                                    kv_capacity=fit * (ctx + turn), share=1)
     feasible = fit * window / (AFFINE.fixed + fit * AFFINE.co_runner(ctx))  # the same ``fit`` all along
     assert feasible <= tight + 1e-6
-    assert tight <= 1.2 * feasible  # the reservation, not the context decoded so far, fills the KV
+    # Exact: the reservation, not the context decoded so far, fills the KV, and a full GPU's step is shared by
+    # the ``fit`` sequences its KV holds (the GPU' row; the GPU and KV rows alone allowed up to 1.2x).
+    assert tight <= feasible * (1 + 1e-9)
     assert tight < 0.9 * roomy
 
 
@@ -189,6 +192,20 @@ def test_no_policy_beats_the_coupled_ceiling(mode: LendMode) -> None:
     sc = _crowded(mode, 90.0)
     c = throughput_ceiling(sc)
     assert c["last_batch_share"] < c["last_batch_share_alone"] - 0.02  # the coupled bound binds here
+    res = run_replay(sc, [make_policy(n) for n in (*POLICY_NAMES, ORACLE, ORACLE_STARTED)])
+    best = max(run.summary["throughput_tokens_per_s"] for run in res.runs)
+    assert 0.0 < best <= c["tokens_per_s"] + 1e-6
+
+
+def test_less_kv_lowers_the_ceiling_and_no_policy_beats_it() -> None:
+    """Half the KV per GPU (mem_util 0.45, a few of the longest contexts at once): the GPU' row (a step's
+    fixed part split by KV occupancy) lowers the cut batch's bound, which the GPU and KV rows alone left
+    where it was with the default KV, and every policy and reference stays below it."""
+    roomy = throughput_ceiling(_crowded(LendMode.SYNC, 90.0))
+    sc = _crowded(LendMode.SYNC, 90.0, SimConfig(fold_tool_s=5.0, mem_util=0.45))
+    c = throughput_ceiling(sc)
+    assert c["last_batch_share_alone"] == roomy["last_batch_share_alone"]
+    assert c["last_batch_share"] < roomy["last_batch_share"] - 0.01
     res = run_replay(sc, [make_policy(n) for n in (*POLICY_NAMES, ORACLE, ORACLE_STARTED)])
     best = max(run.summary["throughput_tokens_per_s"] for run in res.runs)
     assert 0.0 < best <= c["tokens_per_s"] + 1e-6

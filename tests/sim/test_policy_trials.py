@@ -15,8 +15,9 @@ group from its prompt's whole history (its finished siblings included) where the
 finished siblings alone; ``isolate`` / ``isolate-fit`` move only residents that are not predicted-critical,
 off a slot hosting a predicted-critical sample, to one hosting none; ``express`` (over rollplan and over the
 started oracle) starts no sample on its express slot and moves there only started predicted-critical
-samples, two at most at once; bad ``--cells`` /
-``--trials`` / ``--hold-h`` / ``--timeline`` / ``--last`` give a one-line error and exit 2.
+samples, two at most at once; ``--fold-tool-s`` / ``--tool-kv`` / ``--evicted-return`` replay the cells under
+those physics; bad ``--cells`` / ``--trials`` / ``--hold-h`` / ``--timeline`` / ``--last`` and bad physics give a
+one-line error and exit 2.
 """
 
 from __future__ import annotations
@@ -90,6 +91,22 @@ def test_every_trial_replays_a_cut_window(shared_data: Path, trials: ModuleType)
     by = {r["trial"]: r["tokens_per_s"] for r in rows}
     for name in ("rollplan", "elastic-plus"):
         assert by[name] == run_policy(sc, make_policy(name)).summary["throughput_tokens_per_s"]
+
+
+def test_physics_reach_the_replay(shared_data: Path, trials: ModuleType) -> None:
+    """``--fold-tool-s`` / ``--tool-kv`` / ``--evicted-return``: the rows are the plain policies' replays of the
+    cell under those physics (as ``bench replay``'s flags of the same names build it), and they differ from the
+    bench's physics' rows."""
+    phys = trials.Physics(fold_tool_s=0.0, tool_kv="evictable", evicted_return="slot")
+    rows = trials.run_trials(shared_data, [("parcae-hh", "async", 0)], ["rollplan", "elastic-plus"], jobs=1,
+                             window_h=0.1, physics=phys)
+    plain = trials.run_trials(shared_data, [("parcae-hh", "async", 0)], ["rollplan", "elastic-plus"], jobs=1,
+                              window_h=0.1)
+    sc = matrix_scenario(shared_data, "parcae-hh", "async", matrix_workload("128x16-history"), window_h=0.1,
+                         fold_tool_s=0.0, evicted_return="slot")
+    for row, base in zip(rows, plain, strict=True):
+        assert row["tokens_per_s"] == run_policy(sc, make_policy(row["trial"])).summary["throughput_tokens_per_s"]
+        assert row["tokens_per_s"] != base["tokens_per_s"]
 
 
 def test_resume_dispatches_started_samples_first(shared_data: Path, trials: ModuleType) -> None:
@@ -215,6 +232,9 @@ def test_model_headroom_sets_the_bulk_headroom_from_the_step_model(shared_data: 
     (["--timeline", "0"], "--timeline must be a positive number"),
     (["--hold-h", "1", "--window-h", "0.5"], "--hold-h and --window-h both given"),
     (["--last", "0"], "--last must be at least 1"),
+    (["--fold-tool-s", "-1"], "--fold-tool-s must be a number >= 0"),
+    (["--tool-kv", "kept"], "--tool-kv must be one of"),
+    (["--evicted-return", "home"], "--evicted-return must be one of"),
 ])
 def test_bad_input_is_one_line(trials: ModuleType, capsys: pytest.CaptureFixture[str], args: list[str],
                                needle: str) -> None:

@@ -35,8 +35,11 @@ Constraints every schedule meets, per trajectory i that decodes n_i tokens by th
   GPU:   sum_i [f n_i^2 / (n_i + X_i) + M_i(n_i)] <= B_gpu (a step's fixed part split over its b_s members;
                                                         sum_s 1/b_s >= n^2 / sum_s b_s, Cauchy-Schwarz)
   KV:    sum_i [K_i(n_i) + u k1_i X_i] <= B_kv          (i's KV over its steps' time)
+  GPU':  sum_i [f W_i(n_i) / C + M_i(n_i)] <= B_gpu       (a step's fixed part split by its members' KV, which
+                                                        sums to at most C: f >= sum_j f w_j / C)
 
-and ``n_i <= traj_tokens_by`` (the per-trajectory bound). Relaxing the GPU and KV rows with prices
+with C a GPU's KV capacity and W_i(n) the sum over i's first n tokens of w, the KV the token's turn ends with
+(c1 - P_i + P_i / G, as in K_i), and ``n_i <= traj_tokens_by`` (the per-trajectory bound). Relaxing the GPU and KV rows with prices
 ``lam``, ``mu`` >= 0 gives, for every such pair, an upper bound on sum_i n_i (weak duality):
 
   lam B_gpu + mu B_kv + sum_i max_{n, X} [n - lam (f n^2 / (n + X) + M_i(n)) - mu (K_i(n) + u k1_i X)]
@@ -44,7 +47,13 @@ and ``n_i <= traj_tokens_by`` (the per-trajectory bound). Relaxing the GPU and K
 The inner maximum over X has a closed form; over n it is taken on a grid, each cell bounded by its top n
 and the cost at its bottom (the cost rises with n), so the grid can only loosen the bound.
 ``cut_batch_tokens_bound`` returns the least such bound over a grid of prices, never more than the
-per-trajectory sum (which is the bound at ``lam = mu = 0``).
+per-trajectory sum (which is the bound at ``lam = mu = 0``), nor than the GPU' row alone: a fractional knapsack
+of every turn's tokens (within each trajectory's per-trajectory bound) by their cost per token
+``f w / C + M'`` (``_occupancy_bound``; taking tokens out of order only loosens it). The GPU and KV rows price
+a co-runner at the least any sequence adds and at the first turn's KV, so they let a GPU's step be shared by
+more sequences than its KV holds; the GPU' row charges the step's fixed part as a full GPU shares it, which is
+what a GPU whose KV is full of long contexts gives each of them (``tests/sim/test_cut_bound.py``: exact on
+identical trajectories).
 
 Left out, so the bound stays valid and loose: re-prefill after eviction or a move, KV held during tool
 waits, engine starts and switching, and the slowdown mixed prefill chunks add to co-running decodes. The
@@ -200,6 +209,8 @@ class _Course:
     mc: np.ndarray
     kc: np.ndarray
     k1: float
+    kv: np.ndarray
+    """Per turn: the KV each of its tokens holds (w in the notations; ``kc`` is it times ``spt``)."""
 
     def at(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tau, M, K) at token counts ``n``."""
@@ -220,7 +231,7 @@ def _course(spec: SimTraj, groups: Sequence[CourseGroup], env: StepEnvelope, pre
     context its turn ends with (``kc``): a segment reserves the context it ends with when it starts
     (``rollplan.sim.lifecycle.Lifecycle.start_segment``), and every segment holds at least its first turn."""
     p = float(spec.prompt_tokens)
-    starts, spt, mc, kc, toks = [], [], [], [], []
+    starts, spt, mc, kc, kv, toks = [], [], [], [], [], []
     t = 0.0
     turn = 0
     ctx = p
@@ -237,14 +248,16 @@ def _course(spec: SimTraj, groups: Sequence[CourseGroup], env: StepEnvelope, pre
             starts.append(t)
             spt.append(a)
             mc.append(m)
-            kc.append(a * (ctx - p + p / share))
+            kv.append(ctx - p + p / share)
+            kc.append(a * kv[-1])
             toks.append(float(d))
             t += d * a
             turn += 1
         t += g.tool_s
     cum = np.concatenate(([0.0], np.cumsum(toks)))
     first = (spec.prefill[0] + spec.decode[0]) if len(spec.decode) else 0.0
-    return _Course(cum, np.array(starts), np.array(spt), np.array(mc), np.array(kc), p / share + first)
+    return _Course(cum, np.array(starts), np.array(spt), np.array(mc), np.array(kc), p / share + first,
+                   np.array(kv))
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +267,30 @@ class _Stacked:
     m: np.ndarray
     k: np.ndarray
     k1: np.ndarray  # (trajectories, 1)
+
+
+def _occupancy_bound(courses: Sequence[_Course], caps: Sequence[float], fixed: float, gpu_seconds: float,
+                     kv_capacity: float) -> float:
+    """The GPU' row alone (module docstring): the most tokens, each within its trajectory's cap, whose costs
+    ``fixed * w / kv_capacity + M'`` fit in ``gpu_seconds``, taken cheapest first (a fractional knapsack)."""
+    toks, cost = [], []
+    for c, cap in zip(courses, caps, strict=True):
+        lo = c.cum[:-1]
+        toks.append(np.clip(cap - lo, 0.0, np.diff(c.cum)))
+        cost.append(c.mc + fixed * c.kv / kv_capacity)
+    if not toks:
+        return 0.0
+    n, k = np.concatenate(toks), np.concatenate(cost)
+    order = np.argsort(k, kind="stable")
+    n, k = n[order], k[order]
+    spent = np.cumsum(n * k)
+    full = int(np.searchsorted(spent, gpu_seconds, side="right"))
+    got = float(n[:full].sum())
+    if full < len(n) and k[full] > 0.0:
+        got += min(float(n[full]), (gpu_seconds - (float(spent[full - 1]) if full else 0.0)) / float(k[full]))
+    elif full < len(n):
+        got += float(n[full:].sum())
+    return got
 
 
 def _stack(courses: Sequence[_Course], n: np.ndarray, window_s: float, u: float) -> _Stacked:
@@ -310,6 +347,7 @@ def cut_batch_tokens_bound(specs: Sequence[SimTraj], per_traj_cap: Sequence[floa
     courses = [_course(sp, course_groups(sp, fold_s), env, prefill, max(share, 1)) for sp in specs]
     st = _stack(courses, np.linspace(0.0, np.asarray(per_traj_cap, dtype=float), points, axis=1), window_s, u)
     b_gpu, b_kv = gpu_seconds, gpu_seconds * kv_capacity
+    occupancy = _occupancy_bound(courses, per_traj_cap, env.fixed, b_gpu, kv_capacity)
     best, lam, mu = whole, 0.0, 0.0
     for lam_try in LAM_GRID:
         for mu_try in MU_GRID:
@@ -321,7 +359,7 @@ def cut_batch_tokens_bound(specs: Sequence[SimTraj], per_traj_cap: Sequence[floa
         st = _stack(courses, np.linspace(0.0, np.asarray(per_traj_cap, dtype=float), FINE_GRID, axis=1), window_s, u)
         lam, mu, v = _refine(st, env, u, b_gpu, b_kv, lam, mu, _dual(st, env, u, b_gpu, b_kv, lam, mu))
         best = min(best, v)
-    return min(best, whole)
+    return min(best, whole, occupancy)
 
 
 def _refine(st: _Stacked, env: StepEnvelope, u: float, b_gpu: float, b_kv: float, lam: float, mu: float,
