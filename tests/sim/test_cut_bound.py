@@ -6,7 +6,8 @@ Invariants checked:
 - ``prefill_envelope`` (hypothesis): below every prefill the simulator prices, multi-chunk ones included; a
   mixed step saves at most ``overlap`` per prefill token;
 - ``course_groups`` by hand, and ``fastest_course`` is the same groups priced at batch 1;
-- closed-form oracle: N identical one-turn trajectories on one GPU whose step is exactly affine. Running
+- closed-form oracle: N identical one-turn trajectories on one GPU whose step is exactly affine (also with a
+  KV term: a segment's steps are priced at its mean context). Running
   them all together is feasible and is what the relaxation allows, so the bound is those tokens (to the
   grid's resolution), never below them; with less KV than they need at once it is exactly what running as
   many as fit gives (the GPU' row: a step's fixed part split by KV occupancy);
@@ -117,6 +118,23 @@ def test_identical_trajectories_on_one_gpu_closed_form(n_traj: int) -> None:
     assert together <= got + 1e-6
     assert got <= together * 1.03
     assert got <= sum(caps) + 1e-9
+
+
+def test_a_segment_adds_its_mean_context_to_every_step() -> None:
+    """16 identical one-turn trajectories decoding together on one GPU, the step's KV term not negligible: the
+    simulator prices each segment's steps at the mean of its start and end contexts
+    (``Batching.add``), whatever the segment has decoded so far, so the bound is what running them all together
+    gives (the GPU row priced each token at the context its turn starts with, and the time row let each wait on
+    more co-runners than there are: 1.8x that here)."""
+    env = StepEnvelope(fixed=0.010, per_seq=0.0005, per_kv=1e-7)
+    window, n_traj, prompt, turn = 100.0, 16, 1000, 20_000
+    specs = [_one_turn(i, prompt, turn) for i in range(n_traj)]
+    caps = [window / env.alone(prompt)] * n_traj
+    got = cut_batch_tokens_bound(specs, caps, env, window_s=window, gpu_seconds=window, kv_capacity=1e12, share=1)
+    together = n_traj * window / (env.fixed + n_traj * env.co_runner(prompt + turn / 2))
+    assert together / n_traj < turn  # none of them finishes: the window binds
+    assert together <= got + 1e-6
+    assert got <= together * 1.03
 
 
 @pytest.mark.parametrize("fit", [2, 4, 8])

@@ -20,9 +20,12 @@ Notations (one cut batch; tokens, seconds):
   tau_i(n)      the second i's n-th token is decoded along its fastest course priced by the envelope at batch 1
                 (``CourseGroup``s: each fold group's tokens at f + m0 + kappa c0, then its tool seconds)
   X_i           sum over the steps i decodes in of (b_s - 1): how many co-runners it waited on, step by step
-  M_i(n)        sum over its first n tokens of m0 + kappa c0 (what they add to their steps) plus, per token,
-                its fold group's share of the group's prefill (the simulator spreads a segment's prefill
-                over its decode steps; the prompt counted 1/G per sample)
+  M_i(n)        sum over its first n tokens of m0 + kappa (c0 + c1) / 2 (what they add to their steps; c0
+                the fold group's starting context, c1 the token's turn's end context) plus, per token, its
+                fold group's share of the group's prefill (the simulator spreads a segment's prefill over its
+                decode steps; the prompt counted 1/G per sample). A segment adds m0 + kappa times the mean of
+                its start and end contexts to every step it is in (``rollplan.sim.batching.Batching.add``),
+                and a segment holding a token of a turn starts at c0 or later and ends at c1 or later.
   K_i(n)        sum over its first n tokens of (f + m0 + kappa c0) * k_tok, k_tok = c1 - P_i + P_i / G with
                 c1 the context the token's turn ends with: the KV-seconds its own step time holds (a segment
                 reserves the context it ends with from its start, and ends no earlier than the turn it is
@@ -32,6 +35,9 @@ Notations (one cut batch; tokens, seconds):
 Constraints every schedule meets, per trajectory i that decodes n_i tokens by the window's end:
 
   time:  tau_i(n_i) + u X_i <= W                         (its steps and tool waits are sequential)
+         X_i <= (min(N, b_max) - 1) n_i                  (per step, the batch's other N - 1 trajectories at
+                                                        most, and no more than a GPU's KV holds: ``max_batch``;
+                                                        no other batch runs beside the cut one)
   GPU:   sum_i [f n_i^2 / (n_i + X_i) + M_i(n_i)] <= B_gpu (a step's fixed part split over its b_s members;
                                                         sum_s 1/b_s >= n^2 / sum_s b_s, Cauchy-Schwarz)
   KV:    sum_i [K_i(n_i) + u k1_i X_i] <= B_kv          (i's KV over its steps' time)
@@ -227,9 +233,11 @@ class _Course:
 def _course(spec: SimTraj, groups: Sequence[CourseGroup], env: StepEnvelope, pre: PrefillEnvelope | None,
             share: int) -> _Course:
     """``spec``'s ``_Course`` (see the notations), one entry per turn: a turn's tokens are priced at its fold
-    group's seconds per token and GPU charge (``spt``, ``mc``), and each holds, while it decodes, at least the
-    context its turn ends with (``kc``): a segment reserves the context it ends with when it starts
-    (``rollplan.sim.lifecycle.Lifecycle.start_segment``), and every segment holds at least its first turn."""
+    group's seconds per token (``spt``) and its share of the group's prefill, add to their steps at least the
+    co-runner cost at the mean of the group's starting context and the turn's end context (``mc``), and each
+    holds, while it decodes, at least the context its turn ends with (``kc``): a segment reserves the context it
+    ends with when it starts (``rollplan.sim.lifecycle.Lifecycle.start_segment``), and every segment holds at
+    least its first turn."""
     p = float(spec.prompt_tokens)
     starts, spt, mc, kc, kv, toks = [], [], [], [], [], []
     t = 0.0
@@ -241,13 +249,13 @@ def _course(spec: SimTraj, groups: Sequence[CourseGroup], env: StepEnvelope, pre
         if pre is not None and g.tokens > 0:
             # the simulator charges a segment's prefill over its decode steps: per token, its share
             charge = sum(pre.cost(n, c) for n, c in g.prefill) + (pre.cost(p / share, 0.0) if not mc else 0.0)
-        m = env.co_runner(g.ctx0) + (charge / g.tokens if g.tokens > 0 else 0.0)
+        pre_share = charge / g.tokens if g.tokens > 0 else 0.0
         for _ in g.prefill:  # one entry per turn of the group, in order
             d = spec.decode[turn]
             ctx += spec.prefill[turn] + d
             starts.append(t)
             spt.append(a)
-            mc.append(m)
+            mc.append(env.co_runner((g.ctx0 + ctx) / 2.0) + pre_share)
             kv.append(ctx - p + p / share)
             kc.append(a * kv[-1])
             toks.append(float(d))
@@ -263,7 +271,7 @@ def _course(spec: SimTraj, groups: Sequence[CourseGroup], env: StepEnvelope, pre
 @dataclass(frozen=True, slots=True)
 class _Stacked:
     n: np.ndarray  # (trajectories, points), each row rising
-    slack: np.ndarray  # max X at each n: (W - tau) / u, >= 0
+    slack: np.ndarray  # max X at each n: min((W - tau) / u, co_max n), >= 0
     m: np.ndarray
     k: np.ndarray
     k1: np.ndarray  # (trajectories, 1)
@@ -293,10 +301,10 @@ def _occupancy_bound(courses: Sequence[_Course], caps: Sequence[float], fixed: f
     return got
 
 
-def _stack(courses: Sequence[_Course], n: np.ndarray, window_s: float, u: float) -> _Stacked:
+def _stack(courses: Sequence[_Course], n: np.ndarray, window_s: float, u: float, co_max: float) -> _Stacked:
     rows = [c.at(row) for c, row in zip(courses, n, strict=True)]
     tau = np.stack([r[0] for r in rows])
-    return _Stacked(n, np.maximum(window_s - tau, 0.0) / u, np.stack([r[1] for r in rows]),
+    return _Stacked(n, np.minimum(np.maximum(window_s - tau, 0.0) / u, co_max * n), np.stack([r[1] for r in rows]),
                     np.stack([r[2] for r in rows]), np.array([[c.k1] for c in courses]))
 
 
@@ -345,7 +353,10 @@ def cut_batch_tokens_bound(specs: Sequence[SimTraj], per_traj_cap: Sequence[floa
         return 0.0 if window_s <= 0.0 else whole
     u = max(env.co_runner(float(min(sp.prompt_tokens for sp in specs))), 1e-12)
     courses = [_course(sp, course_groups(sp, fold_s), env, prefill, max(share, 1)) for sp in specs]
-    st = _stack(courses, np.linspace(0.0, np.asarray(per_traj_cap, dtype=float), points, axis=1), window_s, u)
+    # Co-runners per step: the batch's other trajectories that fit on a GPU with it (no other batch runs then).
+    co_max = float(max(0, min(len(specs), max_batch(specs, kv_capacity, max(share, 1))) - 1))
+    st = _stack(courses, np.linspace(0.0, np.asarray(per_traj_cap, dtype=float), points, axis=1), window_s, u,
+                co_max)
     b_gpu, b_kv = gpu_seconds, gpu_seconds * kv_capacity
     occupancy = _occupancy_bound(courses, per_traj_cap, env.fixed, b_gpu, kv_capacity)
     best, lam, mu = whole, 0.0, 0.0
@@ -356,7 +367,8 @@ def cut_batch_tokens_bound(specs: Sequence[SimTraj], per_traj_cap: Sequence[floa
                 best, lam, mu = v, float(lam_try), float(mu_try)
     if lam > 0.0:
         lam, mu, best = _refine(st, env, u, b_gpu, b_kv, lam, mu, best)
-        st = _stack(courses, np.linspace(0.0, np.asarray(per_traj_cap, dtype=float), FINE_GRID, axis=1), window_s, u)
+        st = _stack(courses, np.linspace(0.0, np.asarray(per_traj_cap, dtype=float), FINE_GRID, axis=1), window_s, u,
+                    co_max)
         lam, mu, v = _refine(st, env, u, b_gpu, b_kv, lam, mu, _dual(st, env, u, b_gpu, b_kv, lam, mu))
         best = min(best, v)
     return min(best, whole, occupancy)
