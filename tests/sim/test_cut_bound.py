@@ -16,7 +16,8 @@ Invariants checked:
 - ``window_gpu_seconds`` by hand over a trace's changes, with the lent GPUs' training step;
 - on a crowded scenario (128 trajectories on 3 GPUs) the coupled bound binds (below the per-trajectory
   bound) and no policy, nor either oracle reference, exceeds the ceiling it gives, in both modes; with half
-  the KV per GPU the ceiling is lower and still above every policy and reference; with
+  the KV per GPU the ceiling is lower and still above every policy and reference, and its ``cut_batch``
+  report has the GPU' row's cost above the window's GPU-seconds (below it with all the KV); with
   speculative decoding or divided rollout the ceiling falls back to the per-trajectory bound.
 """
 
@@ -224,6 +225,13 @@ def test_less_kv_lowers_the_ceiling_and_no_policy_beats_it() -> None:
     c = throughput_ceiling(sc)
     assert c["last_batch_share_alone"] == roomy["last_batch_share_alone"]
     assert c["last_batch_share"] < roomy["last_batch_share"] - 0.01
+    # The report says why: decoding all the per-trajectory bound allows costs more GPU-seconds than the window
+    # has with half the KV (the fixed part is split among fewer sequences), not with all of it.
+    cut, cut_roomy = c["cut_batch"], roomy["cut_batch"]
+    assert cut["index"] == 0 and cut["gpu_seconds"] == pytest.approx(window_gpu_seconds(sc, 0.0, sc.end_time))
+    assert cut["work_gpu_s"] == cut_roomy["work_gpu_s"] and cut["fixed_gpu_s"] > cut_roomy["fixed_gpu_s"]
+    assert cut_roomy["work_gpu_s"] + cut_roomy["fixed_gpu_s"] < cut_roomy["gpu_seconds"]
+    assert cut["work_gpu_s"] + cut["fixed_gpu_s"] > cut["gpu_seconds"]
     res = run_replay(sc, [make_policy(n) for n in (*POLICY_NAMES, ORACLE, ORACLE_STARTED)])
     best = max(run.summary["throughput_tokens_per_s"] for run in res.runs)
     assert 0.0 < best <= c["tokens_per_s"] + 1e-6
@@ -236,6 +244,7 @@ def test_other_physics_fall_back_to_the_per_trajectory_bound(sim: SimConfig) -> 
     assert not coupled_cut_bound_applies(sc)
     c = throughput_ceiling(sc)
     assert c["last_batch_share"] == c["last_batch_share_alone"]
+    assert c["cut_batch"] is None
     assert coupled_cut_bound_applies(replace(sc, sim=SimConfig(fold_tool_s=5.0)))
 
 

@@ -258,21 +258,21 @@ _ENVELOPES: dict[tuple[Any, ...], tuple[cut_bound.StepEnvelope, cut_bound.Prefil
 
 
 def cut_batch_bound(scenario: Scenario, specs: Sequence[SimTraj], start: float, per_traj: Sequence[float], *,
-                    first: bool = False) -> float:
+                    first: bool = False) -> cut_bound.CutBatchBound | None:
     """The decode tokens of the batch the window's end cuts that any policy can have by the end, the batch
     starting no earlier than ``start``: the least of the per-trajectory bound (``per_traj``, each
     trajectory's ``traj_tokens_by``) and, where it applies (``coupled_cut_bound_applies``), the coupled bound
-    of ``rollplan.sim.cut_bound`` over the GPU-seconds left (``window_gpu_seconds``). ``first``: the replay's
-    first batch, which no training step overlaps (async: every later rollout starts with the step on the batch
-    before it, and the lent GPUs train meanwhile)."""
-    whole = float(sum(per_traj))
+    of ``rollplan.sim.cut_bound`` over the GPU-seconds left (``window_gpu_seconds``), returned with what its
+    GPU' row charges (``cut_bound.CutBatchBound``); None where only the per-trajectory bound applies.
+    ``first``: the replay's first batch, which no training step overlaps (async: every later rollout starts
+    with the step on the batch before it, and the lent GPUs train meanwhile)."""
     if not specs or not coupled_cut_bound_applies(scenario):
-        return whole
+        return None
     fp = perf_factory(scenario.model, calibrated=scenario.calibrated, config=scenario.sim)(scenario.gpu, 1)
     share = max(Counter(sp.group for sp in specs).values()) if scenario.sim.share_prompt else 1
     most = cut_bound.max_batch(specs, fp.kv_cap, share)
     if most > cut_bound.ENVELOPE_MAX_BATCH:
-        return whole
+        return None
     end = scenario.end_time
     busy = scenario.lending.train_step_s if scenario.lending.mode is LendMode.ASYNC and not first else 0.0
     key = (scenario.model, scenario.calibrated, scenario.gpu, scenario.sim.prefill_chunk, scenario.sim.mem_util, most)
@@ -282,10 +282,9 @@ def cut_batch_bound(scenario: Scenario, specs: Sequence[SimTraj], start: float, 
             cut_bound.step_envelope(fp.decode, fp.max_context, fp.KV_STEP, most),
             cut_bound.prefill_envelope(fp.prefill, fp.overlap, fp.chunk, fp.max_context, most, fp.P_STEP, fp.C_STEP))
     env, pre = envelopes
-    got = cut_bound.cut_batch_tokens_bound(
+    return cut_bound.cut_batch_bound(
         specs, per_traj, env, window_s=end - start, gpu_seconds=window_gpu_seconds(scenario, start, end, busy_s=busy),
         kv_capacity=float(fp.kv_cap), share=share, prefill=pre, fold_s=_course_fold(scenario)[1])
-    return min(whole, got)
 
 
 def throughput_ceiling(scenario: Scenario, *, max_batches: int = 10_000) -> dict[str, Any]:
@@ -300,21 +299,29 @@ def throughput_ceiling(scenario: Scenario, *, max_batches: int = 10_000) -> dict
     (``rollplan.sim.cut_bound``). So no policy's decode tokens in the window exceed the sum. On windows a few
     batches long (the 1-hour Parcae segments) this bound caps every ratio a policy can reach.
     Returns the bound, the batches it counts (the cut one included), the share of the last counted batch's
-    tokens it counts (1: whole), that share under the per-trajectory bound alone (``last_batch_share_alone``)
-    and the earliest start of the first batch it leaves out. The bound is rounded up to 1e-3 tokens/s (the
+    tokens it counts (1: whole), that share under the per-trajectory bound alone (``last_batch_share_alone``),
+    the earliest start of the first batch it leaves out, and ``cut_batch`` where the coupled bound applied to a
+    cut batch (else None): its index and earliest start, the window's GPU-seconds from there, and what
+    decoding every token its per-trajectory bound allows would cost under ``cut_bound``'s GPU' row (work,
+    prefill and co-runner cost; fixed step time by KV occupancy; ``cut_bound.CutBatchBound``). The bound is rounded up to 1e-3 tokens/s (the
     throughputs are rounded to the nearest 1e-3), so the figure printed stays a bound."""
     end = scenario.end_time
     sched = LendingSchedule(scenario.lending)
     step = perf_factory(scenario.model, calibrated=scenario.calibrated, config=scenario.sim)(scenario.gpu, 1).decode
     fold, fold_by = _course_fold(scenario)
     start, prev_end, tokens, k, last_share, alone = 0.0, None, 0.0, 0, 1.0, 1.0
+    cut: dict[str, Any] | None = None
     while start < end and k < max_batches and (scenario.max_batches is None or k < scenario.max_batches):
         specs, _keys = scenario.batches.batch(k + scenario.warmup_batches)
         whole = sum(sum(sp.decode) for sp in specs)
         done = start + max((traj_floor(sp, step, fold) for sp in specs), default=0.0)
         if done > end:
             per_traj = [traj_tokens_by(sp, step, end - start, fold_by) for sp in specs]
-            got = cut_batch_bound(scenario, specs, start, per_traj, first=k == 0)
+            cb = cut_batch_bound(scenario, specs, start, per_traj, first=k == 0)
+            got = min(float(sum(per_traj)), cb.tokens) if cb is not None else float(sum(per_traj))
+            if cb is not None:
+                cut = {"index": k, "start_s": round(start, 1), "gpu_seconds": round(cb.gpu_seconds, 1),
+                       "work_gpu_s": round(cb.work_gpu_s, 1), "fixed_gpu_s": round(cb.fixed_gpu_s, 1)}
             last_share = got / whole if whole else 1.0
             alone = sum(per_traj) / whole if whole else 1.0
             tokens += got
@@ -333,7 +340,7 @@ def throughput_ceiling(scenario: Scenario, *, max_batches: int = 10_000) -> dict
     # async Parcae cell), and the bound printed must not fall below that schedule's rounded throughput.
     return {"tokens_per_s": math.ceil(tokens / end * 1000.0) / 1000.0 if end > 0 else None, "batches": k,
             "last_batch_share": round(last_share, 4), "last_batch_share_alone": round(alone, 4),
-            "next_batch_earliest_start_s": round(start, 1)}
+            "next_batch_earliest_start_s": round(start, 1), "cut_batch": cut}
 
 
 def per_batch_rows(result: ReplayResult) -> dict[str, Any]:

@@ -52,7 +52,7 @@ with C a GPU's KV capacity and W_i(n) the sum over i's first n tokens of w, the 
 
 The inner maximum over X has a closed form; over n it is taken on a grid, each cell bounded by its top n
 and the cost at its bottom (the cost rises with n), so the grid can only loosen the bound.
-``cut_batch_tokens_bound`` returns the least such bound over a grid of prices, never more than the
+``cut_batch_bound`` returns the least such bound over a grid of prices, never more than the
 per-trajectory sum (which is the bound at ``lam = mu = 0``), nor than the GPU' row alone: a fractional knapsack
 of every turn's tokens (within each trajectory's per-trajectory bound) by their cost per token
 ``f w / C + M'`` (``_occupancy_bound``; taking tokens out of order only loosens it). The GPU and KV rows price
@@ -277,18 +277,26 @@ class _Stacked:
     k1: np.ndarray  # (trajectories, 1)
 
 
-def _occupancy_bound(courses: Sequence[_Course], caps: Sequence[float], fixed: float, gpu_seconds: float,
-                     kv_capacity: float) -> float:
-    """The GPU' row alone (module docstring): the most tokens, each within its trajectory's cap, whose costs
-    ``fixed * w / kv_capacity + M'`` fit in ``gpu_seconds``, taken cheapest first (a fractional knapsack)."""
-    toks, cost = [], []
+def _token_costs(courses: Sequence[_Course], caps: Sequence[float], fixed: float,
+                 kv_capacity: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per turn of every course, within its trajectory's cap: (tokens, GPU-seconds per token of work, prefill
+    and co-runner cost ``M'``, GPU-seconds per token of fixed step time by KV occupancy ``fixed * w / C``)."""
+    toks, work, occ = [], [], []
     for c, cap in zip(courses, caps, strict=True):
-        lo = c.cum[:-1]
-        toks.append(np.clip(cap - lo, 0.0, np.diff(c.cum)))
-        cost.append(c.mc + fixed * c.kv / kv_capacity)
+        toks.append(np.clip(cap - c.cum[:-1], 0.0, np.diff(c.cum)))
+        work.append(c.mc)
+        occ.append(fixed * c.kv / kv_capacity)
     if not toks:
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    return np.concatenate(toks), np.concatenate(work), np.concatenate(occ)
+
+
+def _occupancy_bound(n: np.ndarray, k: np.ndarray, gpu_seconds: float) -> float:
+    """The GPU' row alone (module docstring): the most of the tokens ``n``, at ``k`` GPU-seconds each
+    (``_token_costs``' work plus fixed part), that fit in ``gpu_seconds``, taken cheapest first (a fractional
+    knapsack)."""
+    if not len(n):
         return 0.0
-    n, k = np.concatenate(toks), np.concatenate(cost)
     order = np.argsort(k, kind="stable")
     n, k = n[order], k[order]
     spent = np.cumsum(n * k)
@@ -340,17 +348,43 @@ def max_batch(specs: Sequence[SimTraj], kv_capacity: float, share: int) -> int:
     return max(1, int(kv_capacity // least)) if least > 0 else 1 << 30
 
 
+@dataclass(frozen=True, slots=True)
+class CutBatchBound:
+    """``cut_batch_bound``'s result: the bound on the cut batch's decode tokens (``tokens``), the per-trajectory
+    count it never exceeds (``alone``), the window's GPU-seconds (``gpu_seconds``), and what decoding every
+    token the per-trajectory count allows would cost under the GPU' row: work, prefill and co-runner cost
+    (``work_gpu_s``) and fixed step time split by KV occupancy (``fixed_gpu_s``). Their sum above
+    ``gpu_seconds`` says the GPUs bind; below it, only the per-trajectory courses and the other rows can."""
+
+    tokens: float
+    alone: float
+    gpu_seconds: float
+    work_gpu_s: float
+    fixed_gpu_s: float
+
+
 def cut_batch_tokens_bound(specs: Sequence[SimTraj], per_traj_cap: Sequence[float], env: StepEnvelope, *,
                            window_s: float, gpu_seconds: float, kv_capacity: float, share: int,
                            prefill: PrefillEnvelope | None = None, fold_s: float = 0.0,
                            points: int = N_GRID) -> float:
+    """``cut_batch_bound``'s tokens."""
+    return cut_batch_bound(specs, per_traj_cap, env, window_s=window_s, gpu_seconds=gpu_seconds,
+                           kv_capacity=kv_capacity, share=share, prefill=prefill, fold_s=fold_s, points=points).tokens
+
+
+def cut_batch_bound(specs: Sequence[SimTraj], per_traj_cap: Sequence[float], env: StepEnvelope, *,
+                    window_s: float, gpu_seconds: float, kv_capacity: float, share: int,
+                    prefill: PrefillEnvelope | None = None, fold_s: float = 0.0,
+                    points: int = N_GRID) -> CutBatchBound:
     """An upper bound on the decode tokens any policy gets from the cut batch ``specs`` in the ``window_s``
     seconds from its earliest start (module docstring), with ``gpu_seconds`` of GPUs of ``kv_capacity`` KV
     tokens each in that window; ``per_traj_cap``: each trajectory's ``traj_tokens_by``; ``share``: samples
-    per prompt sharing its KV on a GPU (1 without prompt sharing). Never more than ``sum(per_traj_cap)``."""
+    per prompt sharing its KV on a GPU (1 without prompt sharing). Never more than ``sum(per_traj_cap)``.
+    Callers: ``bench_replay.cut_batch_bound``, once per ceiling whose window cuts a batch (~1-2 s for a batch
+    of 2,048 trajectories here)."""
     whole = float(sum(per_traj_cap))
     if not specs or window_s <= 0.0:
-        return 0.0 if window_s <= 0.0 else whole
+        return CutBatchBound(0.0 if window_s <= 0.0 else whole, whole, gpu_seconds, 0.0, 0.0)
     u = max(env.co_runner(float(min(sp.prompt_tokens for sp in specs))), 1e-12)
     courses = [_course(sp, course_groups(sp, fold_s), env, prefill, max(share, 1)) for sp in specs]
     # Co-runners per step: the batch's other trajectories that fit on a GPU with it (no other batch runs then).
@@ -358,7 +392,8 @@ def cut_batch_tokens_bound(specs: Sequence[SimTraj], per_traj_cap: Sequence[floa
     st = _stack(courses, np.linspace(0.0, np.asarray(per_traj_cap, dtype=float), points, axis=1), window_s, u,
                 co_max)
     b_gpu, b_kv = gpu_seconds, gpu_seconds * kv_capacity
-    occupancy = _occupancy_bound(courses, per_traj_cap, env.fixed, b_gpu, kv_capacity)
+    n_tok, work, occ = _token_costs(courses, per_traj_cap, env.fixed, kv_capacity)
+    occupancy = _occupancy_bound(n_tok, work + occ, b_gpu)
     best, lam, mu = whole, 0.0, 0.0
     for lam_try in LAM_GRID:
         for mu_try in MU_GRID:
@@ -371,7 +406,7 @@ def cut_batch_tokens_bound(specs: Sequence[SimTraj], per_traj_cap: Sequence[floa
                     co_max)
         lam, mu, v = _refine(st, env, u, b_gpu, b_kv, lam, mu, _dual(st, env, u, b_gpu, b_kv, lam, mu))
         best = min(best, v)
-    return min(best, whole, occupancy)
+    return CutBatchBound(min(best, whole, occupancy), whole, gpu_seconds, float(n_tok @ work), float(n_tok @ occ))
 
 
 def _refine(st: _Stacked, env: StepEnvelope, u: float, b_gpu: float, b_kv: float, lam: float, mu: float,
