@@ -96,20 +96,28 @@ Session 30's (docs/simulator.md, "Session 30's trials"):
 - ``regime-3``: the step model picks, at each plan, among the bulk regime, the critical-path regime and
   ``pack-4``'s packed one, whichever it predicts ends the batch first.
 
+Session 32's (docs/simulator.md, "Session 32's trial and diagnostics"):
+
+- ``regime-by-slots``: the regime model counts the slots that host or will host a predicted-critical sample
+  (where its KV is, else the plan's placement) instead of the samples: the plans put several on one slot.
+
 Physics (``bench replay``'s flags of the same names; the bench's by default): ``--fold-tool-s S``, ``--tool-kv
 pinned|evictable|offload``, ``--evicted-return policy|slot`` replay every cell under those physics.
 
 Diagnostics (the figures docs/simulator.md quotes for these trials):
 
-- ``--per-batch``: each replay's rollout seconds per batch (None: the batch the window's end cuts).
+- ``--per-batch``: each replay's rollout seconds per batch (None: the batch the window's end cuts), each
+  batch's floor (``bench_replay.batch_floors``, what the ceiling chains) and the seconds the complete batches
+  ran over their floors in all.
 - ``--hold-h H``: the window runs H hours past the trace's end, the last availability held (an assumption,
   not trace data): shows how long the batch the trace's end cuts takes each variant to finish.
 - ``--last N``: per batch, the N samples that finished last: their group, start and end (seconds from the
   batch's start), their floor (``bench_replay.traj_floor``) and how many times their floor they ran.
 - ``--timeline S``: every S simulated seconds (at the policy's next invocation), the replay's running and
-  pending samples, decoding slots and their mean KV occupancy, and for the rollplan policy's admission (not
-  elastic-plus's) the predicted-critical samples, the slots hosting one, the mean KV occupancy of those slots
-  and of the others, and the admission regime.
+  pending samples, decoding slots and their mean KV occupancy, the share of their KV held by samples in tool
+  calls, the KV the other residents hold per running sample and the mean context the running samples' steps
+  are priced at, and for the rollplan policy's admission (not elastic-plus's) the predicted-critical samples,
+  the slots hosting one, the mean KV occupancy of those slots and of the others, and the admission regime.
 
 Each replay is deterministic; cells run in ``--jobs`` worker processes. Prints one JSON document (``--json``)
 or a table: tokens/s per cell and variant.
@@ -144,6 +152,7 @@ from rollplan.sim.bench_replay import (
     EVICTED_RETURN,
     FOLD_TOOL_S,
     MATRIX_MODES,
+    batch_floors,
     matrix_scenario,
     matrix_workload,
     traj_floor,
@@ -459,6 +468,26 @@ class RegimeByGroups(RollplanPolicy):
             return
         work, args = regime_inputs(self, sim, plan)
         args["critical"] = len({sim.trajs[k].group for k in self._critical()})
+        self._bulk_bound = bulk_regime_pays(work, headrooms=self.headrooms, **args)
+
+
+class RegimeBySlots(RollplanPolicy):
+    """``regime-by-slots``: the regime decided with the number of slots that host or will host a
+    predicted-critical sample (its slot when it holds KV, else the plan's placement, else one of its own):
+    ``regime_makespan`` assumes one per slot, while the plan places several on a slot."""
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        super()._apply(sim, plan)
+        if self.regime == "share" or not self._cp or not sim.live:
+            return
+        work, args = regime_inputs(self, sim, plan)
+        index = sim.slot_index
+        slots: set[Any] = set()
+        for k in self._critical():
+            t = sim.trajs[k]
+            sid = plan.placement.get(t.spec.id)
+            slots.add(t.slot if t.slot >= 0 else index.get(sid, ("own", k)))
+        args["critical"] = len(slots)
         self._bulk_bound = bulk_regime_pays(work, headrooms=self.headrooms, **args)
 
 
@@ -893,6 +922,7 @@ TRIALS: dict[str, Callable[[], Any]] = {
     "model-headroom": ModelHeadroom,
     "critical-apart": CriticalApart,
     "regime-by-groups": RegimeByGroups,
+    "regime-by-slots": RegimeBySlots,
     "isolate": Isolate,
     "isolate-fit": IsolateFit,
     "critical-moves": lambda: critical_moves(RollplanPolicy)(),
@@ -919,6 +949,15 @@ def timeline_probe(policy: Any, every_s: float, rows: list[dict[str, Any]]) -> A
         row: dict[str, Any] = {"t": round(sim.now, 1), "batch": sim.batch, "running": sum(s.n_run for s in dec),
                                "pending": sim.n_pending, "decoding_slots": len(dec),
                                "kv_slots": round(sum(occ.values()) / len(occ), 3) if occ else None}
+        # What the decoding slots' KV holds: the share held by residents in tool calls (``kv_idle``); per
+        # running trajectory, the KV reserved by every other resident (``kv_per_running``: a segment reserves
+        # the context it ends with from its start; a shared prompt counts once per slot); the mean context
+        # the running trajectories' steps are priced at (``step_ctx``: each one's segment's mean context).
+        n_run = sum(s.n_run for s in dec)
+        cap, reserved, idle = (sum(getattr(s, f) for s in dec) for f in ("kv_cap", "reserved", "idle"))
+        row.update(kv_idle=round(idle / cap, 3) if cap else None,
+                   kv_per_running=round((reserved - idle) / n_run) if n_run else None,
+                   step_ctx=round(sum(s.kv_sum for s in dec) / n_run) if n_run else None)
         if isinstance(policy, RollplanPolicy) and not isinstance(policy, ElasticPlus):  # its admission's split
             crit = policy._critical()
             cslots = policy._critical_slots(sim, crit)
@@ -1043,6 +1082,9 @@ def run_one(job: tuple[str, str, int, str, str, float | None, Diagnostics, Physi
            "evictions": s.get("counters", {}).get("evictions", 0)}
     if diag.per_batch:
         row["rollout_s"] = [b["rollout_s"] for b in s["batches"]]
+        floors = batch_floors(sc, range(len(row["rollout_s"])))
+        row["floor_s"] = [round(floors[i], 1) for i in range(len(row["rollout_s"]))]
+        row["over_floors_s"] = round(sum(r - floors[i] for i, r in enumerate(row["rollout_s"]) if r is not None), 1)
     if diag.timeline_s is not None:
         row["timeline"] = timeline
     if diag.last is not None:
@@ -1113,6 +1155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"batches {r['batches']:3}  evictions {r['evictions']}")
             if "rollout_s" in r:
                 print("    rollout s per batch: " + ", ".join("cut" if x is None else f"{x:.1f}" for x in r["rollout_s"]))
+                print("    floor s per batch:   " + ", ".join(f"{x:.1f}" for x in r["floor_s"])
+                      + f"  (complete batches over their floors: {r['over_floors_s']:.1f} s)")
             if "timeline" in r:
                 print(f"    timeline: {len(r['timeline'])} samples (--json prints them)")
             for b, rows_b in r.get("last", {}).items():

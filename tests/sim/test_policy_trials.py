@@ -6,15 +6,17 @@ variant silently into the plain policy); every variant replays a cut window of a
 ``rollplan`` / ``elastic-plus`` rows are those policies' own replays; the ``resume`` variant dispatches a
 started sample ahead of unstarted ones; ``affinity`` picks the admitting slot holding the most of the
 sample's prompt; ``--hold-h`` leaves every batch before the trace's end as it was and finishes the cut one;
-``--timeline`` samples at the interval asked, its critical split only for the rollplan admission; ``--last``
-lists each batch's last finishers, the first ending the batch, none faster than its floor; ``regime-keys``
+``--timeline`` samples at the interval asked, its critical split only for the rollplan admission, the KV in
+tool calls within what the slots hold; ``--last`` lists each batch's last finishers, the first ending the batch,
+none faster than its floor, and ``--per-batch`` no batch faster than its floor; ``regime-keys``
 ranks a decode-heavy sample above a tool-heavy one of the same path, and ``model-headroom`` changes the
 headroom of some plans of a replay within its grid; ``critical-moves`` carries out a rebalancing move of a
 predicted-critical sample only (a move its slot forces, every policy carries out); ``pooled`` predicts a
 group from its prompt's whole history (its finished siblings included) where the plain predictor takes the
 finished siblings alone; ``isolate`` / ``isolate-fit`` move only residents that are not predicted-critical,
-off a slot hosting a predicted-critical sample, to one hosting none; ``express`` (over rollplan and over the
-started oracle) starts no sample on its express slot and moves there only started predicted-critical
+off a slot hosting a predicted-critical sample, to one hosting none; ``regime-by-slots`` decides
+the regime with fewer critical slots than critical samples at some plan (never more); ``express`` (over rollplan
+and over the started oracle) starts no sample on its express slot and moves there only started predicted-critical
 samples, two at most at once; ``--fold-tool-s`` / ``--tool-kv`` / ``--evicted-return`` replay the cells under
 those physics; bad ``--cells`` / ``--trials`` / ``--hold-h`` / ``--timeline`` / ``--last`` and bad physics give a
 one-line error and exit 2.
@@ -146,6 +148,9 @@ def test_timeline_samples_at_the_interval(shared_data: Path, trials: ModuleType)
         assert all(b["t"] - a["t"] >= 60.0 - 0.1 for a, b in itertools.pairwise(tl))
         assert all(0.0 <= x["kv_slots"] <= 1.0 for x in tl if x["kv_slots"] is not None)
         assert any(x["running"] > 0 for x in tl) and any(x["pending"] > 0 for x in tl)
+        # the KV in tool calls is part of what the slots hold; a running trajectory's context is at least a prompt
+        assert all(0.0 <= x["kv_idle"] <= x["kv_slots"] + 1e-3 for x in tl if x["kv_slots"] is not None)
+        assert all(x["step_ctx"] > 0 and x["kv_per_running"] > 0 for x in tl if x["running"] > 0)
     rp, ep = (r["timeline"] for r in rows)
     assert all("regime" not in x for x in ep)  # elastic-plus has no critical split
     assert {x["regime"] for x in rp} <= {"bulk", "critical path"}
@@ -165,6 +170,10 @@ def test_last_finishers_end_their_batches_and_respect_their_floors(shared_data: 
         for x in rows:
             assert x["end_s"] >= x["start_s"] >= 0.0
             assert x["ran_over_floor"] >= 1.0 - 1e-6  # the floor bounds every sample's run
+    # each batch's floor (the ceiling's) is under its rollout, and the total over the floors adds them up
+    assert len(row["floor_s"]) == len(row["rollout_s"])
+    assert all(r >= row["floor_s"][b] - 0.1 for b, r in complete)
+    assert row["over_floors_s"] == pytest.approx(sum(r - row["floor_s"][b] for b, r in complete), abs=0.1 * len(complete))
 
 
 def test_regime_keys_rank_decode_heavy_samples_higher(trials: ModuleType) -> None:
@@ -222,6 +231,23 @@ def test_model_headroom_sets_the_bulk_headroom_from_the_step_model(shared_data: 
     assert {h for _bulk, h in seen} <= set(trials.MODEL_HEADROOMS)
     assert all(h == trials.Headrooms().default for bulk, h in seen if bulk)  # the bulk regime: as the policy
     assert any(h > trials.Headrooms().default for bulk, h in seen if not bulk)  # a critical-path plan widened it
+
+
+def test_regime_by_slots_counts_the_slots_the_critical_samples_share(shared_data: Path, trials: ModuleType,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[int, int]] = []
+    real = trials.bulk_regime_pays
+
+    def probe(work, **kw):  # type: ignore[no-untyped-def]
+        seen.append((kw["critical"], len(policy._critical())))
+        return real(work, **kw)
+
+    monkeypatch.setattr(trials, "bulk_regime_pays", probe)
+    sc = matrix_scenario(shared_data, "bamboo-p3", "async", matrix_workload("128x16-history"), window_h=0.3)
+    policy = trials.RegimeBySlots()
+    run_policy(sc, policy)
+    assert seen and all(1 <= slots <= crit for slots, crit in seen)
+    assert any(slots < crit for slots, crit in seen)  # the plans place several critical samples on one slot
 
 
 @pytest.mark.parametrize(("args", "needle"), [
