@@ -96,10 +96,14 @@ Session 30's (docs/simulator.md, "Session 30's trials"):
 - ``regime-3``: the step model picks, at each plan, among the bulk regime, the critical-path regime and
   ``pack-4``'s packed one, whichever it predicts ends the batch first.
 
-Session 32's (docs/simulator.md, "Session 32's trial and diagnostics"):
+Session 32's (docs/simulator.md, "Session 32's trials and diagnostics"):
 
 - ``regime-by-slots``: the regime model counts the slots that host or will host a predicted-critical sample
   (where its KV is, else the plan's placement) instead of the samples: the plans put several on one slot.
+- ``regime-bulk`` / ``regime-critical``: the admission regime fixed at every plan, bound by the bulk or by
+  the critical path (with ``--per-batch``: what each batch takes under either, against rollplan's choice).
+- ``regime-drain``: the regime model prices the longest path's steps at the regime's occupancy only until the
+  bulk's predicted end, then at a batch of one (``drain_makespan``).
 
 Physics (``bench replay``'s flags of the same names; the bench's by default): ``--fold-tool-s S``, ``--tool-kv
 pinned|evictable|offload``, ``--evicted-return policy|slot`` replay every cell under those physics.
@@ -138,6 +142,8 @@ from typing import Any
 
 from rollplan.models.errors import UserInputError
 from rollplan.policy.dispatch import (
+    REF_STEP_BATCH,
+    REF_STEP_KV,
     Headrooms,
     bulk_regime_pays,
     critical_set,
@@ -489,6 +495,50 @@ class RegimeBySlots(RollplanPolicy):
             slots.add(t.slot if t.slot >= 0 else index.get(sid, ("own", k)))
         args["critical"] = len(slots)
         self._bulk_bound = bulk_regime_pays(work, headrooms=self.headrooms, **args)
+
+
+def drain_makespan(bulk: bool, work_bound: float, path_decode_s: float, path_tool_s: float, *, perf: Any,
+                   slots: int, critical: int, headrooms: Headrooms) -> float:
+    """``regime_makespan`` with the longest path's slot drained once the bulk is done: its steps are priced at
+    the regime's occupancy (``occupancy_step`` at one less its headroom) until the bulk's end ``B`` (work bound
+    over the regime's rate), then at a batch of one; the path's decode and tool seconds interleave evenly."""
+    n = max(slots, 1)
+    n_c = min(max(critical, 0), n)
+    h_c, h_o = headrooms.levels(bulk)
+    ref = float(perf.decode_step_time(REF_STEP_BATCH, REF_STEP_KV))
+    full = occupancy_step(perf, 1.0)[1]
+    rate = (n_c * occupancy_step(perf, 1.0 - h_c)[1] + (n - n_c) * occupancy_step(perf, 1.0 - h_o)[1]) / (n * full)
+    b_end = work_bound / rate if rate > 0 else math.inf
+    hi = occupancy_step(perf, 1.0 - (h_c if n_c else h_o))[0] / ref
+    lo = float(perf.decode_step_time(1, REF_STEP_KV)) / ref
+    t_hi = path_decode_s * hi + path_tool_s
+    path = t_hi if b_end >= t_hi else b_end + (1.0 - b_end / t_hi) * (path_decode_s * lo + path_tool_s)
+    return max(path, b_end)
+
+
+class DrainRegime(RollplanPolicy):
+    """``regime-drain``: the regime decided by ``drain_makespan`` (the longest path's slot drains when the
+    bulk is done) instead of ``regime_makespan`` (its slot at the regime's occupancy throughout)."""
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        super()._apply(sim, plan)
+        if self.regime == "share" or not self._cp or not sim.live or self.headrooms.default <= 0:
+            return
+        work, args = regime_inputs(self, sim, plan)
+        self._bulk_bound = (drain_makespan(True, work, headrooms=self.headrooms, **args)
+                            <= drain_makespan(False, work, headrooms=self.headrooms, **args))
+
+
+class FixedRegime(RollplanPolicy):
+    """``regime-bulk`` / ``regime-critical``: the admission regime fixed for every plan (``BULK``: bound by its
+    bulk or by its critical path), whatever the step model finds; per batch against rollplan, how much a
+    perfect regime decision could move each batch (``--per-batch``)."""
+
+    BULK = True
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        super()._apply(sim, plan)
+        self._bulk_bound = self.BULK
 
 
 MODEL_HEADROOMS = (0.3, 0.4, 0.5, 0.6, 0.7)
@@ -923,6 +973,9 @@ TRIALS: dict[str, Callable[[], Any]] = {
     "critical-apart": CriticalApart,
     "regime-by-groups": RegimeByGroups,
     "regime-by-slots": RegimeBySlots,
+    "regime-bulk": FixedRegime,
+    "regime-drain": DrainRegime,
+    "regime-critical": lambda: type("CriticalRegime", (FixedRegime,), {"BULK": False})(),
     "isolate": Isolate,
     "isolate-fit": IsolateFit,
     "critical-moves": lambda: critical_moves(RollplanPolicy)(),

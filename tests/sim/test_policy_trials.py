@@ -15,7 +15,9 @@ predicted-critical sample only (a move its slot forces, every policy carries out
 group from its prompt's whole history (its finished siblings included) where the plain predictor takes the
 finished siblings alone; ``isolate`` / ``isolate-fit`` move only residents that are not predicted-critical,
 off a slot hosting a predicted-critical sample, to one hosting none; ``regime-by-slots`` decides
-the regime with fewer critical slots than critical samples at some plan (never more); ``express`` (over rollplan
+the regime with fewer critical slots than critical samples at some plan (never more); ``regime-drain``'s model
+never has the path end later than ``regime_makespan``'s, runs it alone with no bulk left and agrees with it when
+the bulk outlasts the path; ``express`` (over rollplan
 and over the started oracle) starts no sample on its express slot and moves there only started predicted-critical
 samples, two at most at once; ``--fold-tool-s`` / ``--tool-kv`` / ``--evicted-return`` replay the cells under
 those physics; bad ``--cells`` / ``--trials`` / ``--hold-h`` / ``--timeline`` / ``--last`` and bad physics give a
@@ -32,6 +34,8 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
+from rollplan.models.perf import perf_model
+from rollplan.policy.dispatch import Headrooms, regime_makespan
 from rollplan.sim.bench_replay import matrix_scenario, matrix_workload
 from rollplan.sim.policies import ElasticPlus, RollplanPolicy, StartedOracleRollplan, make_policy
 from rollplan.sim.replay import run_policy
@@ -248,6 +252,20 @@ def test_regime_by_slots_counts_the_slots_the_critical_samples_share(shared_data
     run_policy(sc, policy)
     assert seen and all(1 <= slots <= crit for slots, crit in seen)
     assert any(slots < crit for slots, crit in seen)  # the plans place several critical samples on one slot
+
+
+def test_drain_makespan_drains_the_path_once_the_bulk_is_done(trials: ModuleType) -> None:
+    kw = dict(perf=perf_model("h800", "qwen3-8b"), slots=16, critical=4, headrooms=Headrooms())
+    ref = kw["perf"].decode_step_time(trials.REF_STEP_BATCH, trials.REF_STEP_KV)
+    for bulk in (True, False):
+        for work in (0.0, 200.0, 600.0, 100_000.0):
+            drained, held = (f(bulk, work, 600.0, 60.0, **kw) for f in (trials.drain_makespan, regime_makespan))
+            assert drained <= held + 1e-9  # a slot that drains never slows the path
+        # no bulk left: the path runs alone at once; bulk outlasting the path: the two models agree
+        alone = 600.0 * kw["perf"].decode_step_time(1, trials.REF_STEP_KV) / ref + 60.0
+        assert trials.drain_makespan(bulk, 0.0, 600.0, 60.0, **kw) == pytest.approx(alone)
+        assert trials.drain_makespan(bulk, 100_000.0, 600.0, 60.0, **kw) == pytest.approx(
+            regime_makespan(bulk, 100_000.0, 600.0, 60.0, **kw))
 
 
 @pytest.mark.parametrize(("args", "needle"), [
