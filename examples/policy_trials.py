@@ -119,7 +119,7 @@ Diagnostics (the figures docs/simulator.md quotes for these trials):
   batch's start), their floor (``bench_replay.traj_floor``) and how many times their floor they ran.
 - ``--timeline S``: every S simulated seconds (at the policy's next invocation), the replay's running and
   pending samples, decoding slots and their mean KV occupancy, the share of their KV held by samples in tool
-  calls, the KV the other residents hold per running sample and the mean context the running samples' steps
+  calls, the KV held by the residents not in tool calls per running sample and the mean context the running samples' steps
   are priced at, and for the rollplan policy's admission (not elastic-plus's) the predicted-critical samples,
   the slots hosting one, the mean KV occupancy of those slots and of the others, and the admission regime.
 
@@ -142,13 +142,13 @@ from typing import Any
 
 from rollplan.models.errors import UserInputError
 from rollplan.policy.dispatch import (
-    REF_STEP_BATCH,
     REF_STEP_KV,
     Headrooms,
     bulk_regime_pays,
     critical_set,
     occupancy_step,
     pessimistic_parts,
+    reference_step,
     regime_makespan,
     required_room,
 )
@@ -500,18 +500,12 @@ class RegimeBySlots(RollplanPolicy):
 def drain_makespan(bulk: bool, work_bound: float, path_decode_s: float, path_tool_s: float, *, perf: Any,
                    slots: int, critical: int, headrooms: Headrooms) -> float:
     """``regime_makespan`` with the longest path's slot drained once the bulk is done: its steps are priced at
-    the regime's occupancy (``occupancy_step`` at one less its headroom) until the bulk's end ``B`` (work bound
-    over the regime's rate), then at a batch of one; the path's decode and tool seconds interleave evenly."""
-    n = max(slots, 1)
-    n_c = min(max(critical, 0), n)
-    h_c, h_o = headrooms.levels(bulk)
-    ref = float(perf.decode_step_time(REF_STEP_BATCH, REF_STEP_KV))
-    full = occupancy_step(perf, 1.0)[1]
-    rate = (n_c * occupancy_step(perf, 1.0 - h_c)[1] + (n - n_c) * occupancy_step(perf, 1.0 - h_o)[1]) / (n * full)
-    b_end = work_bound / rate if rate > 0 else math.inf
-    hi = occupancy_step(perf, 1.0 - (h_c if n_c else h_o))[0] / ref
-    lo = float(perf.decode_step_time(1, REF_STEP_KV)) / ref
-    t_hi = path_decode_s * hi + path_tool_s
+    the regime's occupancy until the bulk's end ``B`` (``regime_makespan`` with no path), then at a batch of one;
+    the path's decode and tool seconds interleave evenly."""
+    kw = {"perf": perf, "slots": slots, "critical": critical, "headrooms": headrooms}
+    b_end = regime_makespan(bulk, work_bound, 0.0, 0.0, **kw)
+    t_hi = regime_makespan(bulk, 0.0, path_decode_s, path_tool_s, **kw)  # the path alone, held at the occupancy
+    lo = float(perf.decode_step_time(1, REF_STEP_KV)) / reference_step(perf)
     path = t_hi if b_end >= t_hi else b_end + (1.0 - b_end / t_hi) * (path_decode_s * lo + path_tool_s)
     return max(path, b_end)
 
@@ -1002,8 +996,8 @@ def timeline_probe(policy: Any, every_s: float, rows: list[dict[str, Any]]) -> A
         row: dict[str, Any] = {"t": round(sim.now, 1), "batch": sim.batch, "running": sum(s.n_run for s in dec),
                                "pending": sim.n_pending, "decoding_slots": len(dec),
                                "kv_slots": round(sum(occ.values()) / len(occ), 3) if occ else None}
-        # What the decoding slots' KV holds: the share held by residents in tool calls (``kv_idle``); per
-        # running trajectory, the KV reserved by every other resident (``kv_per_running``: a segment reserves
+        # What the decoding slots' KV holds: the share held by residents in tool calls (``kv_idle``); the KV
+        # the residents not in tool calls hold per running trajectory (``kv_per_running``: a segment reserves
         # the context it ends with from its start; a shared prompt counts once per slot); the mean context
         # the running trajectories' steps are priced at (``step_ctx``: each one's segment's mean context).
         n_run = sum(s.n_run for s in dec)

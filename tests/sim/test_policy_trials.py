@@ -256,7 +256,7 @@ def test_regime_by_slots_counts_the_slots_the_critical_samples_share(shared_data
 
 def test_drain_makespan_drains_the_path_once_the_bulk_is_done(trials: ModuleType) -> None:
     kw = dict(perf=perf_model("h800", "qwen3-8b"), slots=16, critical=4, headrooms=Headrooms())
-    ref = kw["perf"].decode_step_time(trials.REF_STEP_BATCH, trials.REF_STEP_KV)
+    ref = trials.reference_step(kw["perf"])
     for bulk in (True, False):
         for work in (0.0, 200.0, 600.0, 100_000.0):
             drained, held = (f(bulk, work, 600.0, 60.0, **kw) for f in (trials.drain_makespan, regime_makespan))
