@@ -183,9 +183,11 @@ def regime_makespan(bulk: bool, work_bound: float, path_decode_s: float, path_to
     of its longest pessimistic path and its bulk's work.
 
     Notations: ``n`` = ``slots`` (the plan's decoding slots), ``n_c = min(critical, n)`` slots hosting a
-    predicted-critical trajectory (each is admitted with the critical slots' headroom, so they spread one per
-    slot), (``h_c``, ``h_o``) = ``headrooms.levels(bulk)``; ``step(u)``, ``rate(u)``: ``occupancy_step`` at
-    occupancy ``u``.
+    predicted-critical trajectory, counted one per such trajectory (an upper count: the headroom admits a
+    group's siblings together while their contexts are short, and the plans place them together, e.g. 32 on
+    7-9 slots in docs/simulator.md's "Session 32's trials and diagnostics", where counting the slots instead
+    was tried and not adopted), (``h_c``, ``h_o``) = ``headrooms.levels(bulk)``; ``step(u)``, ``rate(u)``:
+    ``occupancy_step`` at occupancy ``u``.
 
       path = path_decode_s * step(1 - h) / step_ref + path_tool_s    (h = h_c when n_c > 0, else h_o;
                                                                        step_ref: the ``REF_STEP_BATCH`` step)
