@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -200,30 +200,57 @@ def test_env_that_raises_fails_only_its_trajectory(h: Harness) -> None:
     assert all(r.status == "done" for r in results if r.id != batch[3].id)
 
 
+def connector_turns(turns_by_run: Iterable[Sequence[Any]], prefill: str, decode: set[str], block: int) -> list[Any]:
+    """Turns prefilled on the PREFILL slot ``prefill`` and decoded on a DECODE slot that never held that
+    trajectory's context before: their cached tokens can only have come through the KV connector (which
+    moves whole KV blocks of the prompt minus its last token, so the context is at least a block and two)."""
+    out = []
+    for turns in turns_by_run:
+        seen: set[str] = set()
+        for t in turns:
+            d = t.engines[-1] if t.engines else None
+            first_on_d = d in decode and d not in seen and d not in t.engines[:-1]
+            if t.prefill_slot == prefill and first_on_d and t.context_tokens >= block + 2:
+                out.append(t)
+            seen.update(t.engines)
+    return out
+
+
 def test_pd_role_switch_moves_kv_through_connector(h: Harness, reference) -> None:
     ex, ctl = h.executor, h.executor.ctl
     switched: dict[str, Any] = {}
+    block = h.config.engine.block_size or 128
 
     async def scenario() -> list[TrajectoryResult]:
+        # An earlier test's rollout of the same batch leaves its finished runs (the same ids) until this
+        # rollout registers its own: count this rollout's turns only (session 32's CI flake switched the
+        # roles at once, on the old runs' placements, before anything of this rollout was placed).
+        stale = {id(r) for r in ctl.runs.values()}
         task = asyncio.create_task(ex.rollout(BATCH, env_factory))
-        await until(lambda: turns_done(h) >= 12)
+        await until(lambda: not stale & {id(r) for r in ctl.runs.values()} and turns_done(h) >= 12)
         # The test sets roles by hand; the planner would undo them. A plan already being solved lands before
         # the switch (switch_roles waits for it): one landing after it put the moved trajectories back on the
         # PREFILL slot, which then decoded them itself, so no turn crossed the connector (the flake of
         # session 25; test_executor_units.py::test_manual_role_switch_is_not_undone_by_a_plan_solved_before_it).
         ctl.autoplan = False
+        # PREFILL: the slot holding the most trajectories with a turn still to start after the current one.
+        # Only a trajectory moved off it and starting a turn on its new slot crosses the connector; a slot whose
+        # trajectories are all on their last turn gives none.
         load = {s: 0 for s in ex.slot_ids()}
         for r in ctl.runs.values():
-            if r.placement in load and r.turn < 3:
+            if r.placement in load and r.item.data["turns"] - r.turn >= 2:
                 load[r.placement] += 1
         busiest = max(load, key=lambda s: (load[s], s))
+        assert load[busiest] > 0, load
         # DECODE: every other slot that can take moved work (``empty_slot`` moves a slot's trajectories to the
         # least loaded decoding slot without a return deadline, so the lent slot is never a destination, and
         # a MIXED slot left among the destinations could take them all: nothing would cross the connector).
         decode = sorted(s for s in load if s != busiest and ctl.slots[s].return_by is None)
         switched.update(prefill=busiest, decode=decode, at=time.time())
         await ex.switch_roles({busiest: "prefill", **dict.fromkeys(decode, "decode")})
-        await until(lambda: turns_done(h) >= 40 or task.done(), timeout=120)
+        # Until a moved trajectory started a turn on its DECODE slot (or the batch is far along).
+        await until(lambda: bool(connector_turns((r.turns for r in ctl.runs.values()), busiest, set(decode), block))
+                    or turns_done(h) >= 70 or task.done(), timeout=120)
         await ex.switch_roles(dict.fromkeys([busiest, *decode], "mixed"))
         return await task
 
@@ -232,20 +259,7 @@ def test_pd_role_switch_moves_kv_through_connector(h: Harness, reference) -> Non
     finally:
         ctl.autoplan = True
     assert_matches(results, reference)
-    block = h.config.engine.block_size or 128
-    p, decode = switched["prefill"], set(switched["decode"])
-    via_connector = []
-    for r in results:
-        seen: set[str] = set()
-        for t in r.turns:
-            # The connector moves whole KV blocks of the prompt minus its last token.
-            d = t.engines[-1] if t.engines else None
-            first_on_d = d in decode and d not in seen and d not in t.engines[:-1]
-            if t.prefill_slot == p and first_on_d and t.context_tokens >= block + 2:
-                via_connector.append(t)
-            seen.update(t.engines)
-    # Turns prefilled on the PREFILL slot and decoded on a DECODE slot that never held that context:
-    # their cached tokens can only have come through the KV connector.
+    via_connector = connector_turns((r.turns for r in results), switched["prefill"], set(switched["decode"]), block)
     assert via_connector, "no trajectory moved to the decode slot"
     assert all(t.num_cached_tokens > 0 for t in via_connector), [t.num_cached_tokens for t in via_connector]
 
