@@ -153,11 +153,26 @@ async def until(cond, timeout: float = 60.0, step: float = 0.02, *, soft: bool =
     return True
 
 
-def turns_done(h: Harness, batch: list | None = None) -> int:
-    """Turns finished so far by the current rollout of ``batch`` (0 until that rollout registered)."""
+def current_runs(h: Harness) -> frozenset[int]:
+    """The run objects the controller holds now (``id``s). Call it just before starting a rollout and pass it
+    to ``turns_done`` / ``own_runs``: an earlier rollout of the same batch (the same ids) leaves its finished
+    runs in ``ctl.runs`` until the new rollout registers its own, all at once (``Executor.rollout`` builds
+    them while the old ones are still held, so no id is reused)."""
+    return frozenset(id(r) for r in h.executor.ctl.runs.values())
+
+
+def own_runs(h: Harness, stale: frozenset[int]) -> bool:
+    """The rollout started after ``current_runs`` returned ``stale`` has registered its runs."""
+    runs = h.executor.ctl.runs
+    return bool(runs) and not any(id(r) in stale for r in runs.values())
+
+
+def turns_done(h: Harness, batch: list | None = None, *, stale: frozenset[int] = frozenset()) -> int:
+    """Turns finished so far by the current rollout of ``batch`` (0 until that rollout registered; ``stale``:
+    ``current_runs`` before it started, whose runs do not count)."""
     runs = h.executor.ctl.runs
     ids = {it.id for it in (batch if batch is not None else BATCH)}
-    if set(runs) != ids:
+    if set(runs) != ids or (stale and not own_runs(h, stale)):
         return 0
     return sum(len(r.turns) for r in runs.values())
 
@@ -225,9 +240,9 @@ def test_pd_role_switch_moves_kv_through_connector(h: Harness, reference) -> Non
         # An earlier test's rollout of the same batch leaves its finished runs (the same ids) until this
         # rollout registers its own: count this rollout's turns only (session 32's CI flake switched the
         # roles at once, on the old runs' placements, before anything of this rollout was placed).
-        stale = {id(r) for r in ctl.runs.values()}
+        stale = current_runs(h)
         task = asyncio.create_task(ex.rollout(BATCH, env_factory))
-        await until(lambda: not stale & {id(r) for r in ctl.runs.values()} and turns_done(h) >= 12)
+        await until(lambda: turns_done(h, stale=stale) >= 12)
         # The test sets roles by hand; the planner would undo them. A plan already being solved lands before
         # the switch (switch_roles waits for it): one landing after it put the moved trajectories back on the
         # PREFILL slot, which then decoded them itself, so no turn crossed the connector (the flake of
@@ -250,7 +265,7 @@ def test_pd_role_switch_moves_kv_through_connector(h: Harness, reference) -> Non
         await ex.switch_roles({busiest: "prefill", **dict.fromkeys(decode, "decode")})
         # Until a moved trajectory started a turn on its DECODE slot (or the batch is far along).
         await until(lambda: bool(connector_turns((r.turns for r in ctl.runs.values()), busiest, set(decode), block))
-                    or turns_done(h) >= 70 or task.done(), timeout=120)
+                    or turns_done(h, stale=stale) >= 70 or task.done(), timeout=120)
         await ex.switch_roles(dict.fromkeys([busiest, *decode], "mixed"))
         return await task
 
@@ -275,8 +290,9 @@ def test_update_weights_mid_run(
     marks: dict[str, float] = {}
 
     async def scenario() -> list[TrajectoryResult]:
+        stale = current_runs(h)
         task = asyncio.create_task(ex.rollout(batch, env_factory))
-        await until(lambda: turns_done(h, batch) >= 8)
+        await until(lambda: turns_done(h, batch, stale=stale) >= 8)
         seconds = await ex.update_weights(state, version=1)
         marks["done"] = ex.now()
         marks["sync"] = max(seconds)
@@ -300,10 +316,11 @@ def test_node_removed_mid_rollout(h: Harness, reference_v1) -> None:
     ctl = h.executor.ctl
 
     async def scenario() -> list[TrajectoryResult]:
+        stale = current_runs(h)
         task = asyncio.create_task(h.executor.rollout(BATCH, env_factory))
         # Remove the node once it is busy: some of its trajectories are mid-turn.
         await until(
-            lambda: turns_done(h) >= 4 and any(r.request_slot == victim for r in ctl.runs.values()),
+            lambda: turns_done(h, stale=stale) >= 4 and any(r.request_slot == victim for r in ctl.runs.values()),
             30,
             soft=True,
         )
@@ -324,8 +341,9 @@ def test_added_node_gets_an_engine_only_when_it_pays(h: Harness, reference_v1) -
     ex, ctl = h.executor, h.executor.ctl
 
     async def with_new_node() -> list[TrajectoryResult]:
+        stale = current_runs(h)
         task = asyncio.create_task(ex.rollout(BATCH, env_factory))
-        await until(lambda: turns_done(h) >= 4)
+        await until(lambda: turns_done(h, stale=stale) >= 4)
         # add_node registers signal handlers: main thread only (it blocks the loop for a moment).
         h.nodes["e"] = h.cluster.add_node(num_cpus=0, resources={SLOT: 1})
         await until(lambda: any(s.node == h.nodes["e"].node_id for s in ctl.slots.values()), timeout=30)
@@ -386,9 +404,10 @@ def test_reclaim_returns_lent_slot_by_deadline(h: Harness, reference_v1) -> None
     marks: dict[str, Any] = {}
 
     async def scenario() -> list[TrajectoryResult]:
+        stale = current_runs(h)
         task = asyncio.create_task(ex.rollout(BATCH, env_factory))
         await until(
-            lambda: turns_done(h) > 0 and any(r.request_slot == lent for r in ctl.runs.values()), timeout=60
+            lambda: turns_done(h, stale=stale) > 0 and any(r.request_slot == lent for r in ctl.runs.values()), timeout=60
         )
         marks["on_lent"] = {r.id for r in ctl.runs.values() if lent in (r.placement, r.request_slot)}
         marks["deadline"] = ex.now() + 3.0
@@ -413,8 +432,9 @@ def test_preemption_notice_drains_before_deadline(h: Harness, reference_v1) -> N
     marks: dict[str, float] = {}
 
     async def scenario() -> list[TrajectoryResult]:
+        stale = current_runs(h)
         task = asyncio.create_task(ex.rollout(BATCH, env_factory))
-        await until(lambda: turns_done(h) > 0 and any(r.request_slot == victim for r in ctl.runs.values()))
+        await until(lambda: turns_done(h, stale=stale) > 0 and any(r.request_slot == victim for r in ctl.runs.values()))
         marks["deadline"] = ex.now() + 4.0
         await ex.notify_preemption([h.nodes["a"].node_id], deadline=marks["deadline"])
         await ctl.slots[victim].returned_event.wait()
@@ -499,8 +519,9 @@ def test_dead_engine_core_is_replaced(h: Harness, reference_v1) -> None:
     killed: list[int] = []
 
     async def scenario() -> list[TrajectoryResult]:
+        stale = current_runs(h)
         task = asyncio.create_task(ex.rollout(BATCH, env_factory))
-        await until(lambda: turns_done(h) >= 4)
+        await until(lambda: turns_done(h, stale=stale) >= 4)
         for child in core_of(pid):
             child.kill()
             killed.append(child.pid)
