@@ -105,6 +105,15 @@ Session 32's (docs/simulator.md, "Session 32's trials and diagnostics"):
 - ``regime-drain``: the regime model prices the longest path's steps at the regime's occupancy only until the
   bulk's predicted end, then at a batch of one (``drain_makespan``).
 
+Session 33's (docs/simulator.md, "Session 33's trials"):
+
+- ``regime-lend``: while training holds GPUs it lent before, the regime model counts them back after as long
+  as training held them the last time (measured by the policy: from when they left to when they were lent
+  again), sharing the bulk left then (``lend_makespan``).
+- ``regime-occupancy``: the regime model counts each slot that hosts or will host predicted-critical samples
+  once, at the occupancy their own predicted KV keeps it at when that is above the regime's headroom, and
+  the longest path's steps at its slot's (``occupancy_makespan``).
+
 Physics (``bench replay``'s flags of the same names; the bench's by default): ``--fold-tool-s S``, ``--tool-kv
 pinned|evictable|offload``, ``--evicted-return policy|slot`` replay every cell under those physics.
 
@@ -521,6 +530,122 @@ class DrainRegime(RollplanPolicy):
         work, args = regime_inputs(self, sim, plan)
         self._bulk_bound = (drain_makespan(True, work, headrooms=self.headrooms, **args)
                             <= drain_makespan(False, work, headrooms=self.headrooms, **args))
+
+
+def lend_makespan(bulk: bool, work_bound: float, path_decode_s: float, path_tool_s: float, *, perf: Any,
+                  slots: int, critical: int, headrooms: Headrooms, later: int, later_in: float) -> float:
+    """``regime_makespan`` with ``later`` more decoding slots of the same kind joining ``later_in`` seconds from
+    now (the GPUs training lends back once its step ends): the bulk's work left at ``later_in`` is shared by
+    ``slots + later`` slots; the longest path is priced as ``regime_makespan`` prices it."""
+    kw = {"perf": perf, "slots": slots, "critical": critical, "headrooms": headrooms}
+    b_end = regime_makespan(bulk, work_bound, 0.0, 0.0, **kw)
+    if later > 0 and b_end > later_in:
+        b_end = later_in + (b_end - later_in) * slots / (slots + later)
+    return max(regime_makespan(bulk, 0.0, path_decode_s, path_tool_s, **kw), b_end)
+
+
+class LendRegime(RollplanPolicy):
+    """``regime-lend``: the regime decided by ``lend_makespan``: while training holds GPUs it lent before,
+    they are expected back after as long as training held them last time (observed: from the moment they
+    left to the moment they were lent again), and counted from then."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._gone: dict[int, float] = {}  # lent slot index -> when it left
+        self._held_s: float | None = None  # how long training held its GPUs last time
+        self._seen: dict[int, bool] = {}
+
+    def _observe(self, sim: Any) -> None:
+        from rollplan.models.types import SlotSource
+
+        for s in sim.slots:
+            if s.source is not SlotSource.LENT_BY_TRAINING:
+                continue
+            was = self._seen.get(s.idx)
+            if was is True and not s.present:
+                self._gone[s.idx] = sim.now
+            elif was is False and s.present and s.idx in self._gone:
+                self._held_s = sim.now - self._gone.pop(s.idx)
+            self._seen[s.idx] = s.present
+
+    def on_replan(self, sim: Any, reason: str) -> None:
+        self._observe(sim)
+        super().on_replan(sim, reason)
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        super()._apply(sim, plan)
+        self._observe(sim)
+        if self.regime == "share" or not self._cp or not sim.live or self.headrooms.default <= 0:
+            return
+        from rollplan.models.types import SlotSource
+
+        if self._held_s is None:
+            return
+        # Lent slots gone (since when) or being reclaimed (gone at their deadline): back after training.
+        leaves = [self._gone[s.idx] if not s.present else s.return_by for s in sim.slots
+                  if s.source is SlotSource.LENT_BY_TRAINING
+                  and ((not s.present and s.idx in self._gone) or (s.present and s.return_by is not None))]
+        if not leaves:
+            return
+        back = max(leaves) + self._held_s
+        work, args = regime_inputs(self, sim, plan)
+        kw = {"headrooms": self.headrooms, "later": len(leaves), "later_in": max(0.0, back - sim.now), **args}
+        self._bulk_bound = lend_makespan(True, work, **kw) <= lend_makespan(False, work, **kw)
+
+
+def occupancy_makespan(bulk: bool, work_bound: float, path_decode_s: float, path_tool_s: float, *, perf: Any,
+                       slots: int, loads: Sequence[float], path_load: float | None, cap: float,
+                       headrooms: Headrooms) -> float:
+    """``regime_makespan`` with each slot hosting predicted-critical samples counted once, at the occupancy its
+    critical samples' own KV keeps it at when that is above the regime's headroom: ``loads`` holds, per such
+    slot, the mean KV its critical samples are predicted to hold over their remaining course; ``path_load`` the
+    load of the longest path's slot (None: on a slot of its own, at no more than its own KV)."""
+    n = max(slots, 1)
+    h_c, h_o = headrooms.levels(bulk)
+    ref = reference_step(perf)
+
+    def occ(load: float) -> float:
+        return min(1.0, max(1.0 - h_c, load / cap if cap > 0 else 1.0))
+
+    crit = sorted(loads, reverse=True)[:n]
+    u_path = occ(path_load if path_load is not None else 0.0) if crit else 1.0 - h_o
+    path = path_decode_s * (occupancy_step(perf, u_path)[0] / ref if ref > 0 else 1.0) + path_tool_s
+    full = occupancy_step(perf, 1.0)[1]
+    rate = (sum(occupancy_step(perf, occ(x))[1] for x in crit)
+            + (n - len(crit)) * occupancy_step(perf, 1.0 - h_o)[1]) / (n * full)
+    return max(path, work_bound / rate if rate > 0 else math.inf)
+
+
+class OccupancyRegime(RollplanPolicy):
+    """``regime-occupancy``: the regime decided by ``occupancy_makespan``: the slots that host or will host a
+    predicted-critical sample (its slot when it holds KV there, else the plan's placement, else one of its
+    own), each at the occupancy its critical samples' predicted KV keeps it at."""
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        super()._apply(sim, plan)
+        if self.regime == "share" or not self._cp or not sim.live or self.headrooms.default <= 0:
+            return
+        work, args = regime_inputs(self, sim, plan)
+        index = sim.slot_index
+        loads: dict[Any, float] = {}
+        top = max(self._cp, key=self._cp.__getitem__)
+        top_slot: Any = None
+        for k in self._critical():
+            t = sim.trajs[k]
+            dec, turns, tool, ctx = sim.progress(t)
+            pf_done = sim.slots[0].perf.spec_prefill(t.spec)[2][min(turns, t.n - 1)] if turns else 0
+            rem = self.predictor.remaining_raw(t.key, t.group, dec, pf_done, tool, turns)
+            kv = (ctx if t.slot >= 0 else 0.0) + 0.5 * (rem[0] + rem[1])
+            sid = plan.placement.get(t.spec.id)
+            where = t.slot if t.slot >= 0 else index.get(sid, ("own", k))
+            loads[where] = loads.get(where, 0.0) + kv
+            if k == top:
+                top_slot = where
+        cap = float(sim.live[0].kv_cap)
+        kw = {"perf": args["perf"], "slots": args["slots"], "loads": list(loads.values()),
+              "path_load": loads.get(top_slot), "cap": cap, "headrooms": self.headrooms}
+        self._bulk_bound = (occupancy_makespan(True, work, args["path_decode_s"], args["path_tool_s"], **kw)
+                            <= occupancy_makespan(False, work, args["path_decode_s"], args["path_tool_s"], **kw))
 
 
 class FixedRegime(RollplanPolicy):
@@ -969,6 +1094,8 @@ TRIALS: dict[str, Callable[[], Any]] = {
     "regime-by-slots": RegimeBySlots,
     "regime-bulk": FixedRegime,
     "regime-drain": DrainRegime,
+    "regime-lend": LendRegime,
+    "regime-occupancy": OccupancyRegime,
     "regime-critical": lambda: type("CriticalRegime", (FixedRegime,), {"BULK": False})(),
     "isolate": Isolate,
     "isolate-fit": IsolateFit,

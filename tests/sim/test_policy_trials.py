@@ -17,7 +17,11 @@ finished siblings alone; ``isolate`` / ``isolate-fit`` move only residents that 
 off a slot hosting a predicted-critical sample, to one hosting none; ``regime-by-slots`` decides
 the regime with fewer critical slots than critical samples at some plan (never more); ``regime-drain``'s model
 never has the path end later than ``regime_makespan``'s, runs it alone with no bulk left and agrees with it when
-the bulk outlasts the path; ``express`` (over rollplan
+the bulk outlasts the path; ``regime-lend``'s model (``lend_makespan``) is ``regime_makespan`` with no
+slot lent back or one lent back after the bulk's end and never later with one lent back sooner, and the
+trial measures how long training held the GPUs it lent and counts them back within that time;
+``regime-occupancy``'s model (``occupancy_makespan``) is ``regime_makespan`` when each critical sample sits
+alone on a slot below the headroom, and never has a fuller path slot run faster; ``express`` (over rollplan
 and over the started oracle) starts no sample on its express slot and moves there only started predicted-critical
 samples, two at most at once; ``--fold-tool-s`` / ``--tool-kv`` / ``--evicted-return`` replay the cells under
 those physics; bad ``--cells`` / ``--trials`` / ``--hold-h`` / ``--timeline`` / ``--last`` and bad physics give a
@@ -266,6 +270,59 @@ def test_drain_makespan_drains_the_path_once_the_bulk_is_done(trials: ModuleType
         assert trials.drain_makespan(bulk, 0.0, 600.0, 60.0, **kw) == pytest.approx(alone)
         assert trials.drain_makespan(bulk, 100_000.0, 600.0, 60.0, **kw) == pytest.approx(
             regime_makespan(bulk, 100_000.0, 600.0, 60.0, **kw))
+
+
+def test_lend_makespan_shares_the_bulk_left_with_the_slots_lent_back(trials: ModuleType) -> None:
+    kw = dict(perf=perf_model("h800", "qwen3-8b"), slots=32, critical=4, headrooms=Headrooms())
+    for bulk in (True, False):
+        for work in (0.0, 300.0, 1500.0):
+            held = regime_makespan(bulk, work, 600.0, 60.0, **kw)
+            assert trials.lend_makespan(bulk, work, 600.0, 60.0, later=0, later_in=0.0, **kw) == pytest.approx(held)
+            # slots joining after the bulk's end change nothing; joining earlier never end it later
+            assert trials.lend_makespan(bulk, work, 600.0, 60.0, later=8, later_in=1e6, **kw) == pytest.approx(held)
+            assert trials.lend_makespan(bulk, work, 600.0, 60.0, later=8, later_in=120.0, **kw) <= held + 1e-9
+        # no path: the bulk left at the lend is shared by 40 slots instead of 32
+        alone = regime_makespan(bulk, 1500.0, 0.0, 0.0, **kw)
+        assert trials.lend_makespan(bulk, 1500.0, 0.0, 0.0, later=8, later_in=120.0, **kw) == pytest.approx(
+            120.0 + (alone - 120.0) * 32 / 40)
+
+
+def test_occupancy_makespan_is_regime_makespan_for_one_light_critical_sample_a_slot(trials: ModuleType) -> None:
+    perf = perf_model("h800", "qwen3-8b")
+    cap = float(perf.kv_capacity_tokens())
+    kw = dict(perf=perf, slots=16, headrooms=Headrooms())
+    for bulk in (True, False):
+        for work in (0.0, 300.0, 1500.0):
+            for n_c in (0, 1, 4, 16, 20):
+                light = [0.01 * cap] * n_c  # below either regime's headroom: the slot sits at the headroom
+                got = trials.occupancy_makespan(bulk, work, 600.0, 60.0, loads=light,
+                                                path_load=light[0] if light else None, cap=cap, **kw)
+                assert got == pytest.approx(regime_makespan(bulk, work, 600.0, 60.0, critical=n_c, **kw))
+            # a path slot its critical samples fill is never faster than one at the headroom
+            at = [trials.occupancy_makespan(bulk, 0.0, 600.0, 60.0, loads=[x * cap], path_load=x * cap, cap=cap,
+                                            **kw) for x in (0.01, 0.5, 0.95)]
+            assert at == sorted(at)
+
+
+def test_regime_lend_expects_the_lent_gpus_back_after_the_training_it_saw(shared_data: Path, trials: ModuleType,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[int, float]] = []
+    real = trials.lend_makespan
+
+    def probe(bulk, work, **kw):  # type: ignore[no-untyped-def]
+        seen.append((kw["later"], kw["later_in"]))
+        return real(bulk, work, **kw)
+
+    monkeypatch.setattr(trials, "lend_makespan", probe)
+    sc = matrix_scenario(shared_data, "bamboo-p3", "async", matrix_workload("128x16-history"), window_h=0.5)
+    policy = trials.LendRegime()
+    run_policy(sc, policy)
+    step = sc.lending.train_step_s
+    # it measured how long training held the GPUs (the step, plus the reclaim notice at most) ...
+    assert policy._held_s is not None and step <= policy._held_s <= step + sc.lending.reclaim_notice_s + 1e-6
+    # ... and, once it had, counted the GPUs training holds as coming back within that time
+    assert seen and all(later == sc.lending.gpus and 0.0 <= at <= policy._held_s + sc.lending.reclaim_notice_s
+                        for later, at in seen)
 
 
 @pytest.mark.parametrize(("args", "needle"), [
