@@ -113,6 +113,12 @@ Session 33's (docs/simulator.md, "Session 33's trials"):
 - ``regime-occupancy``: the regime model counts each slot that hosts or will host predicted-critical samples
   once, at the occupancy their own predicted KV keeps it at when that is above the regime's headroom, and
   the longest path's steps at its slot's (``occupancy_makespan``).
+- ``regime-expected-occupancy``: ``expected-regime``'s E[max(bulk's end, longest path)] with
+  ``regime-occupancy``'s slots, each path priced at its slot's occupancy.
+- ``regime-kv``: ``regime-occupancy`` with the bulk's end also bounded by the KV-seconds its samples hold (the
+  context each is predicted to end with, for its predicted life) over the KV the regime leaves the slots;
+  ``regime-kv-expected-lend``: that bound, the regimes compared in expectation, and the lent GPUs counted
+  back as ``regime-lend`` counts them.
 
 Physics (``bench replay``'s flags of the same names; the bench's by default): ``--fold-tool-s S``, ``--tool-kv
 pinned|evictable|offload``, ``--evicted-return policy|slot`` replay every cell under those physics.
@@ -532,6 +538,12 @@ class DrainRegime(RollplanPolicy):
                             <= drain_makespan(False, work, headrooms=self.headrooms, **args))
 
 
+def lend_share(end: float, later_in: float, now: float, more: float) -> float:
+    """When work that ``now`` capacity ends at ``end`` (seconds from now) ends if ``more`` capacity joins
+    ``later_in`` seconds from now: what is left then is shared by both."""
+    return later_in + (end - later_in) * now / (now + more) if more > 0 and end > later_in else end
+
+
 def lend_makespan(bulk: bool, work_bound: float, path_decode_s: float, path_tool_s: float, *, perf: Any,
                   slots: int, critical: int, headrooms: Headrooms, later: int, later_in: float) -> float:
     """``regime_makespan`` with ``later`` more decoding slots of the same kind joining ``later_in`` seconds from
@@ -539,15 +551,12 @@ def lend_makespan(bulk: bool, work_bound: float, path_decode_s: float, path_tool
     ``slots + later`` slots; the longest path is priced as ``regime_makespan`` prices it."""
     kw = {"perf": perf, "slots": slots, "critical": critical, "headrooms": headrooms}
     b_end = regime_makespan(bulk, work_bound, 0.0, 0.0, **kw)
-    if later > 0 and b_end > later_in:
-        b_end = later_in + (b_end - later_in) * slots / (slots + later)
+    b_end = lend_share(b_end, later_in, slots, max(later, 0))
     return max(regime_makespan(bulk, 0.0, path_decode_s, path_tool_s, **kw), b_end)
 
 
-class LendRegime(RollplanPolicy):
-    """``regime-lend``: the regime decided by ``lend_makespan``: while training holds GPUs it lent before,
-    they are expected back after as long as training held them last time (observed: from the moment they
-    left to the moment they were lent again), and counted from then."""
+class LendOutlook:
+    """Mixin over the simulator's rollplan policy: watches the GPUs training lends (``lend_outlook``)."""
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
@@ -570,26 +579,39 @@ class LendRegime(RollplanPolicy):
 
     def on_replan(self, sim: Any, reason: str) -> None:
         self._observe(sim)
-        super().on_replan(sim, reason)
+        super().on_replan(sim, reason)  # type: ignore[misc]
 
-    def _apply(self, sim: Any, plan: Any) -> None:
-        super()._apply(sim, plan)
-        self._observe(sim)
-        if self.regime == "share" or not self._cp or not sim.live or self.headrooms.default <= 0:
-            return
+    def lend_outlook(self, sim: Any) -> tuple[int, float]:
+        """(lent slots training holds or is reclaiming, seconds from now until they are expected back):
+        back after as long as training held them the last time; (0, 0.0) before that was seen."""
         from rollplan.models.types import SlotSource
 
+        self._observe(sim)
         if self._held_s is None:
-            return
+            return 0, 0.0
         # Lent slots gone (since when) or being reclaimed (gone at their deadline): back after training.
         leaves = [self._gone[s.idx] if not s.present else s.return_by for s in sim.slots
                   if s.source is SlotSource.LENT_BY_TRAINING
                   and ((not s.present and s.idx in self._gone) or (s.present and s.return_by is not None))]
         if not leaves:
+            return 0, 0.0
+        return len(leaves), max(0.0, max(leaves) + self._held_s - sim.now)
+
+
+class LendRegime(LendOutlook, RollplanPolicy):
+    """``regime-lend``: the regime decided by ``lend_makespan``: while training holds GPUs it lent before,
+    they are expected back after as long as training held them last time (observed: from the moment they
+    left to the moment they were lent again), and counted from then."""
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        super()._apply(sim, plan)
+        if self.regime == "share" or not self._cp or not sim.live or self.headrooms.default <= 0:
             return
-        back = max(leaves) + self._held_s
+        later, later_in = self.lend_outlook(sim)
+        if not later:
+            return
         work, args = regime_inputs(self, sim, plan)
-        kw = {"headrooms": self.headrooms, "later": len(leaves), "later_in": max(0.0, back - sim.now), **args}
+        kw = {"headrooms": self.headrooms, "later": later, "later_in": later_in, **args}
         self._bulk_bound = lend_makespan(True, work, **kw) <= lend_makespan(False, work, **kw)
 
 
@@ -626,26 +648,31 @@ class OccupancyRegime(RollplanPolicy):
         if self.regime == "share" or not self._cp or not sim.live or self.headrooms.default <= 0:
             return
         work, args = regime_inputs(self, sim, plan)
-        index = sim.slot_index
-        loads: dict[Any, float] = {}
+        loads, where = critical_loads(self, sim, plan)
         top = max(self._cp, key=self._cp.__getitem__)
-        top_slot: Any = None
-        for k in self._critical():
-            t = sim.trajs[k]
-            dec, turns, tool, ctx = sim.progress(t)
-            pf_done = sim.slots[0].perf.spec_prefill(t.spec)[2][min(turns, t.n - 1)] if turns else 0
-            rem = self.predictor.remaining_raw(t.key, t.group, dec, pf_done, tool, turns)
-            kv = (ctx if t.slot >= 0 else 0.0) + 0.5 * (rem[0] + rem[1])
-            sid = plan.placement.get(t.spec.id)
-            where = t.slot if t.slot >= 0 else index.get(sid, ("own", k))
-            loads[where] = loads.get(where, 0.0) + kv
-            if k == top:
-                top_slot = where
-        cap = float(sim.live[0].kv_cap)
         kw = {"perf": args["perf"], "slots": args["slots"], "loads": list(loads.values()),
-              "path_load": loads.get(top_slot), "cap": cap, "headrooms": self.headrooms}
+              "path_load": loads.get(where.get(top)), "cap": float(sim.live[0].kv_cap), "headrooms": self.headrooms}
         self._bulk_bound = (occupancy_makespan(True, work, args["path_decode_s"], args["path_tool_s"], **kw)
                             <= occupancy_makespan(False, work, args["path_decode_s"], args["path_tool_s"], **kw))
+
+
+def critical_loads(policy: RollplanPolicy, sim: Any, plan: Any) -> tuple[dict[Any, float], dict[int, Any]]:
+    """Per slot that hosts or will host predicted-critical samples (its slot when it holds KV there, else the
+    plan's placement, else one of its own), the mean KV they are predicted to hold over their remaining
+    course (context now plus half the predicted rest); and each such sample's slot."""
+    index = sim.slot_index
+    loads: dict[Any, float] = {}
+    where: dict[int, Any] = {}
+    for k in policy._critical():
+        t = sim.trajs[k]
+        dec, turns, tool, ctx = sim.progress(t)
+        pf_done = sim.slots[0].perf.spec_prefill(t.spec)[2][min(turns, t.n - 1)] if turns else 0
+        rem = policy.predictor.remaining_raw(t.key, t.group, dec, pf_done, tool, turns)
+        kv = (ctx if t.slot >= 0 else 0.0) + 0.5 * (rem[0] + rem[1])
+        w = t.slot if t.slot >= 0 else index.get(plan.placement.get(t.spec.id), ("own", k))
+        loads[w] = loads.get(w, 0.0) + kv
+        where[k] = w
+    return loads, where
 
 
 class FixedRegime(RollplanPolicy):
@@ -802,6 +829,109 @@ class ExpectedRegime(RollplanPolicy):
             ratio = regime_makespan(bulk, 0.0, 1.0, 0.0, headrooms=self.headrooms, **kw)
             paths = [(d * ratio + t, sd * ratio + st, c) for (d, sd, t, st), c in cand.items()]
             out.append(expected_makespan(b, paths))
+        self._bulk_bound = out[0] <= out[1]
+
+
+class ExpectedOccupancy(ExpectedRegime):
+    """``regime-expected-occupancy``: ``expected-regime``'s expected end of the batch, E[max(bulk's end,
+    longest path)] over the predictor's spreads, with ``regime-occupancy``'s slots: the bulk's end by
+    ``occupancy_makespan``, each predicted-critical sample's decode priced at its slot's occupancy, every
+    other one at the regime's headroom for the other slots."""
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        RollplanPolicy._apply(self, sim, plan)
+        if self.regime == "share" or not self._cp or not sim.live or self.headrooms.default <= 0:
+            return
+        work, args = regime_inputs(self, sim, plan)
+        perf = args["perf"]
+        loads, where = critical_loads(self, sim, plan)
+        cap = float(sim.live[0].kv_cap)
+        ref = reference_step(perf)
+        live = sorted((j for j in self._cp if j in self._mu), key=self._cp.__getitem__, reverse=True)[: self.TOP]
+        out = []
+        for bulk in (True, False):
+            h_c, h_o = self.headrooms.levels(bulk)
+            b = occupancy_makespan(bulk, work, 0.0, 0.0, perf=perf, slots=args["slots"], loads=list(loads.values()),
+                                   path_load=None, cap=cap, headrooms=self.headrooms)
+            paths: dict[tuple[float, float], int] = {}
+            for j in live:
+                u = (min(1.0, max(1.0 - h_c, loads[where[j]] / cap if cap > 0 else 1.0)) if j in where
+                     else 1.0 - h_o)
+                ratio = occupancy_step(perf, u)[0] / ref if ref > 0 else 1.0
+                d, sd, t, st = self._mu[j]
+                key = (d * ratio + t, sd * ratio + st)
+                paths[key] = paths.get(key, 0) + 1
+            out.append(expected_makespan(b, [(m, sd, c) for (m, sd), c in paths.items()]))
+        self._bulk_bound = out[0] <= out[1]
+
+
+class KvRegime(ExpectedRegime):
+    """``regime-kv``: ``regime-occupancy``'s model with the bulk's end also bounded by the KV it must hold: every
+    unfinished sample holds the context it is predicted to end with (its context now plus the predicted rest,
+    ``KV_GROWTH`` = 1: a segment reserves its end context from its start) for its predicted remaining life
+    (decode at its slot's occupancy plus tool seconds), and a regime leaves each slot only ``1 - headroom`` of
+    its KV (a critical slot at least its critical samples' load) to hold it in. ``regime-kv-expected-lend``:
+    the same bound on the bulk, the regimes compared by ``expected-regime``'s E[max(bulk's end, longest path)]
+    (each path at its slot's occupancy; ``EXPECTED``), and the GPUs training holds counted back as
+    ``regime-lend`` counts them (``LendOutlook``)."""
+
+    KV_GROWTH = 1.0
+    EXPECTED = False
+
+    def lend_outlook(self, sim: Any) -> tuple[int, float]:
+        return 0, 0.0
+
+    def _apply(self, sim: Any, plan: Any) -> None:
+        RollplanPolicy._apply(self, sim, plan)
+        if self.regime == "share" or not self._cp or not sim.live or self.headrooms.default <= 0:
+            return
+        work, args = regime_inputs(self, sim, plan)
+        perf, n = args["perf"], max(args["slots"], 1)
+        loads, where = critical_loads(self, sim, plan)
+        cap = float(sim.live[0].kv_cap)
+        ref = reference_step(perf)
+        later, later_in = self.lend_outlook(sim)
+        kv_of: dict[int, float] = {}
+        for j in self._cp:
+            t = sim.trajs[j]
+            if t.state == DONE or j not in self._mu:
+                continue
+            dec, turns, tool, ctx = sim.progress(t)
+            pf_done = sim.slots[0].perf.spec_prefill(t.spec)[2][min(turns, t.n - 1)] if turns else 0
+            rem = self.predictor.remaining_raw(t.key, t.group, dec, pf_done, tool, turns)
+            kv_of[j] = (ctx if t.slot >= 0 else 0.0) + self.KV_GROWTH * (rem[0] + rem[1])
+        out = []
+        for bulk in (True, False):
+            h_c, h_o = self.headrooms.levels(bulk)
+            crit = sorted(loads.values(), reverse=True)[:n]
+            occ_c = [min(1.0, max(1.0 - h_c, x / cap if cap > 0 else 1.0)) for x in crit]
+            usable = (sum(occ_c) + (n - len(crit)) * (1.0 - h_o)) * cap
+            kvs = 0.0
+            for j, kv in kv_of.items():
+                u = (min(1.0, max(1.0 - h_c, loads[where[j]] / cap if cap > 0 else 1.0)) if j in where
+                     else 1.0 - h_o)
+                d, _sd, t, _st = self._mu[j]
+                kvs += kv * (d * occupancy_step(perf, u)[0] / ref + t)
+            kw = {"perf": perf, "slots": n, "loads": list(loads.values()), "cap": cap, "headrooms": self.headrooms}
+            b_work = occupancy_makespan(bulk, work, 0.0, 0.0, path_load=None, **kw)
+            b_kv = kvs / usable if usable > 0 else math.inf
+            # the lent slots share what is left when they are back (their KV at the other slots' headroom)
+            b_end = max(lend_share(b_work, later_in, n, later),
+                        lend_share(b_kv, later_in, usable, later * (1.0 - h_o) * cap))
+            if self.EXPECTED:
+                paths: dict[tuple[float, float], int] = {}
+                for j in sorted(kv_of, key=self._cp.__getitem__, reverse=True)[: self.TOP]:
+                    u = (min(1.0, max(1.0 - h_c, loads[where[j]] / cap if cap > 0 else 1.0)) if j in where
+                         else 1.0 - h_o)
+                    ratio = occupancy_step(perf, u)[0] / ref if ref > 0 else 1.0
+                    d, sd, t, st = self._mu[j]
+                    key = (d * ratio + t, sd * ratio + st)
+                    paths[key] = paths.get(key, 0) + 1
+                out.append(expected_makespan(b_end, [(m, sd, c) for (m, sd), c in paths.items()]))
+            else:
+                top = max(self._cp, key=self._cp.__getitem__)
+                out.append(max(b_end, occupancy_makespan(bulk, 0.0, args["path_decode_s"], args["path_tool_s"],
+                                                         path_load=loads.get(where.get(top)), **kw)))
         self._bulk_bound = out[0] <= out[1]
 
 
@@ -1096,6 +1226,9 @@ TRIALS: dict[str, Callable[[], Any]] = {
     "regime-drain": DrainRegime,
     "regime-lend": LendRegime,
     "regime-occupancy": OccupancyRegime,
+    "regime-expected-occupancy": ExpectedOccupancy,
+    "regime-kv": KvRegime,
+    "regime-kv-expected-lend": lambda: type("KvExpectedLend", (LendOutlook, KvRegime), {"EXPECTED": True})(),
     "regime-critical": lambda: type("CriticalRegime", (FixedRegime,), {"BULK": False})(),
     "isolate": Isolate,
     "isolate-fit": IsolateFit,

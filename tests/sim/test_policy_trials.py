@@ -21,7 +21,9 @@ the bulk outlasts the path; ``regime-lend``'s model (``lend_makespan``) is ``reg
 slot lent back or one lent back after the bulk's end and never later with one lent back sooner, and the
 trial measures how long training held the GPUs it lent and counts them back within that time;
 ``regime-occupancy``'s model (``occupancy_makespan``) is ``regime_makespan`` when each critical sample sits
-alone on a slot below the headroom, and never has a fuller path slot run faster; ``express`` (over rollplan
+alone on a slot below the headroom, and never has a fuller path slot run faster; ``lend_share`` (hypothesis:
+capacity that joins never ends work later, changes nothing before it joins, and shares exactly what is left
+then); ``express`` (over rollplan
 and over the started oracle) starts no sample on its express slot and moves there only started predicted-critical
 samples, two at most at once; ``--fold-tool-s`` / ``--tool-kv`` / ``--evicted-return`` replay the cells under
 those physics; bad ``--cells`` / ``--trials`` / ``--hold-h`` / ``--timeline`` / ``--last`` and bad physics give a
@@ -37,6 +39,8 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rollplan.models.perf import perf_model
 from rollplan.policy.dispatch import Headrooms, regime_makespan
@@ -285,6 +289,16 @@ def test_lend_makespan_shares_the_bulk_left_with_the_slots_lent_back(trials: Mod
         alone = regime_makespan(bulk, 1500.0, 0.0, 0.0, **kw)
         assert trials.lend_makespan(bulk, 1500.0, 0.0, 0.0, later=8, later_in=120.0, **kw) == pytest.approx(
             120.0 + (alone - 120.0) * 32 / 40)
+
+
+@given(end=st.floats(0.0, 1e4), later_in=st.floats(0.0, 1e4), now=st.floats(0.1, 1e3), more=st.floats(0.0, 1e3))
+def test_lend_share_ends_no_later_and_only_shares_what_is_left(trials: ModuleType, end: float, later_in: float,
+                                                              now: float, more: float) -> None:
+    got = trials.lend_share(end, later_in, now, more)
+    assert got <= end + 1e-9  # more capacity never ends the work later
+    assert got >= min(end, later_in) - 1e-9  # nothing changes before it joins
+    if more > 0 and end > later_in:  # the work left at later_in, (end - later_in) * now, at now + more
+        assert (got - later_in) * (now + more) == pytest.approx((end - later_in) * now, rel=1e-9, abs=1e-6)
 
 
 def test_occupancy_makespan_is_regime_makespan_for_one_light_critical_sample_a_slot(trials: ModuleType) -> None:
