@@ -615,6 +615,12 @@ class LendRegime(LendOutlook, RollplanPolicy):
         self._bulk_bound = lend_makespan(True, work, **kw) <= lend_makespan(False, work, **kw)
 
 
+def critical_occupancy(load: float, cap: float, headroom: float) -> float:
+    """The KV occupancy of a slot hosting predicted-critical samples of ``load`` tokens, kept at ``headroom``:
+    what the headroom leaves, or their own load when that is more (at most full)."""
+    return min(1.0, max(1.0 - headroom, load / cap if cap > 0 else 1.0))
+
+
 def occupancy_makespan(bulk: bool, work_bound: float, path_decode_s: float, path_tool_s: float, *, perf: Any,
                        slots: int, loads: Sequence[float], path_load: float | None, cap: float,
                        headrooms: Headrooms) -> float:
@@ -627,7 +633,7 @@ def occupancy_makespan(bulk: bool, work_bound: float, path_decode_s: float, path
     ref = reference_step(perf)
 
     def occ(load: float) -> float:
-        return min(1.0, max(1.0 - h_c, load / cap if cap > 0 else 1.0))
+        return critical_occupancy(load, cap, h_c)
 
     crit = sorted(loads, reverse=True)[:n]
     u_path = occ(path_load if path_load is not None else 0.0) if crit else 1.0 - h_o
@@ -673,6 +679,22 @@ def critical_loads(policy: RollplanPolicy, sim: Any, plan: Any) -> tuple[dict[An
         loads[w] = loads.get(w, 0.0) + kv
         where[k] = w
     return loads, where
+
+
+def slot_paths(policy: Any, js: Sequence[int], loads: dict[Any, float], where: dict[int, Any], *, perf: Any,
+               cap: float, h_c: float, h_o: float) -> list[tuple[float, float, int]]:
+    """``expected_makespan``'s paths (mean, spread, count) of samples ``js`` (their ``ExpectedRegime._mu``): each
+    one's decode at its slot's occupancy, a predicted-critical sample's by ``critical_occupancy``, any other's
+    at the other slots' headroom ``h_o``."""
+    ref = reference_step(perf)
+    paths: dict[tuple[float, float], int] = {}
+    for j in js:
+        u = critical_occupancy(loads[where[j]], cap, h_c) if j in where else 1.0 - h_o
+        ratio = occupancy_step(perf, u)[0] / ref if ref > 0 else 1.0
+        d, sd, t, st = policy._mu[j]
+        key = (d * ratio + t, sd * ratio + st)
+        paths[key] = paths.get(key, 0) + 1
+    return [(m, sd, c) for (m, sd), c in paths.items()]
 
 
 class FixedRegime(RollplanPolicy):
@@ -846,22 +868,13 @@ class ExpectedOccupancy(ExpectedRegime):
         perf = args["perf"]
         loads, where = critical_loads(self, sim, plan)
         cap = float(sim.live[0].kv_cap)
-        ref = reference_step(perf)
         live = sorted((j for j in self._cp if j in self._mu), key=self._cp.__getitem__, reverse=True)[: self.TOP]
         out = []
         for bulk in (True, False):
             h_c, h_o = self.headrooms.levels(bulk)
             b = occupancy_makespan(bulk, work, 0.0, 0.0, perf=perf, slots=args["slots"], loads=list(loads.values()),
                                    path_load=None, cap=cap, headrooms=self.headrooms)
-            paths: dict[tuple[float, float], int] = {}
-            for j in live:
-                u = (min(1.0, max(1.0 - h_c, loads[where[j]] / cap if cap > 0 else 1.0)) if j in where
-                     else 1.0 - h_o)
-                ratio = occupancy_step(perf, u)[0] / ref if ref > 0 else 1.0
-                d, sd, t, st = self._mu[j]
-                key = (d * ratio + t, sd * ratio + st)
-                paths[key] = paths.get(key, 0) + 1
-            out.append(expected_makespan(b, [(m, sd, c) for (m, sd), c in paths.items()]))
+            out.append(expected_makespan(b, slot_paths(self, live, loads, where, perf=perf, cap=cap, h_c=h_c, h_o=h_o)))
         self._bulk_bound = out[0] <= out[1]
 
 
@@ -904,12 +917,11 @@ class KvRegime(ExpectedRegime):
         for bulk in (True, False):
             h_c, h_o = self.headrooms.levels(bulk)
             crit = sorted(loads.values(), reverse=True)[:n]
-            occ_c = [min(1.0, max(1.0 - h_c, x / cap if cap > 0 else 1.0)) for x in crit]
+            occ_c = [critical_occupancy(x, cap, h_c) for x in crit]
             usable = (sum(occ_c) + (n - len(crit)) * (1.0 - h_o)) * cap
             kvs = 0.0
             for j, kv in kv_of.items():
-                u = (min(1.0, max(1.0 - h_c, loads[where[j]] / cap if cap > 0 else 1.0)) if j in where
-                     else 1.0 - h_o)
+                u = critical_occupancy(loads[where[j]], cap, h_c) if j in where else 1.0 - h_o
                 d, _sd, t, _st = self._mu[j]
                 kvs += kv * (d * occupancy_step(perf, u)[0] / ref + t)
             kw = {"perf": perf, "slots": n, "loads": list(loads.values()), "cap": cap, "headrooms": self.headrooms}
@@ -919,15 +931,9 @@ class KvRegime(ExpectedRegime):
             b_end = max(lend_share(b_work, later_in, n, later),
                         lend_share(b_kv, later_in, usable, later * (1.0 - h_o) * cap))
             if self.EXPECTED:
-                paths: dict[tuple[float, float], int] = {}
-                for j in sorted(kv_of, key=self._cp.__getitem__, reverse=True)[: self.TOP]:
-                    u = (min(1.0, max(1.0 - h_c, loads[where[j]] / cap if cap > 0 else 1.0)) if j in where
-                         else 1.0 - h_o)
-                    ratio = occupancy_step(perf, u)[0] / ref if ref > 0 else 1.0
-                    d, sd, t, st = self._mu[j]
-                    key = (d * ratio + t, sd * ratio + st)
-                    paths[key] = paths.get(key, 0) + 1
-                out.append(expected_makespan(b_end, [(m, sd, c) for (m, sd), c in paths.items()]))
+                js = sorted(kv_of, key=self._cp.__getitem__, reverse=True)[: self.TOP]
+                out.append(expected_makespan(b_end, slot_paths(self, js, loads, where, perf=perf, cap=cap, h_c=h_c,
+                                                               h_o=h_o)))
             else:
                 top = max(self._cp, key=self._cp.__getitem__)
                 out.append(max(b_end, occupancy_makespan(bulk, 0.0, args["path_decode_s"], args["path_tool_s"],

@@ -98,7 +98,7 @@ def test_affinity_picks_the_admitting_slot_holding_most_of_the_prompt(trials: Mo
 
 
 def test_every_trial_replays_a_cut_window(shared_data: Path, trials: ModuleType) -> None:
-    rows = trials.run_trials(shared_data, [("parcae-hh", "async", 0)], list(trials.TRIALS), jobs=1, window_h=0.1)
+    rows = trials.run_trials(shared_data, [("parcae-hh", "async", 0)], list(trials.TRIALS), jobs=2, window_h=0.1)
     assert [r["trial"] for r in rows] == list(trials.TRIALS)
     assert all(r["tokens_per_s"] > 0 for r in rows)
     sc = matrix_scenario(shared_data, "parcae-hh", "async", matrix_workload("128x16-history"), window_h=0.1)
