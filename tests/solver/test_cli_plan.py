@@ -118,3 +118,21 @@ def test_plan_deterministic_flag(snap_file, capsys) -> None:
         p = plan_from_json(capsys.readouterr().out)
         outs.append((p.roles, p.placement, p.objective))
     assert outs[0] == outs[1]
+
+
+def test_repeated_calls_do_not_grow_the_app(capsys) -> None:
+    """``main`` adds the entry points' commands once per process: calling it again (as every CLI test does)
+    must not register them again (the app grew by all of them on every call, and each call built it whole)."""
+    from rollplan.solver import cli
+
+    def size() -> tuple[int, int, int, int]:
+        return (len(cli.app.registered_commands), len(cli.app.registered_groups),
+                len(cli.bench.registered_commands), len(cli.bench.registered_groups))
+
+    assert main(["nosuchcmd"]) == 2
+    before = size()
+    assert before[0] > 0 and before[2] > 0
+    for _ in range(3):
+        assert main(["nosuchcmd"]) == 2
+    assert size() == before
+    capsys.readouterr()

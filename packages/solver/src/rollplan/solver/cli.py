@@ -34,9 +34,18 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at IN
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 
+_registered: list[str] = []
+"""The entry points ``_register_plugins`` has added to ``app`` in this process (each is added once)."""
+
+
 def _register_plugins() -> None:
+    """Add every ``rollplan.cli`` entry point's commands to ``app`` and ``bench``, once per process: ``main``
+    is called many times in one process (tests, notebooks), and typer keeps every command added, so adding
+    them again on each call grew the app, and the time each later call took to build it, without end."""
     for ep in sorted(entry_points(group="rollplan.cli"), key=lambda e: e.name):
-        ep.load()(app, bench)
+        if ep.name not in _registered:
+            ep.load()(app, bench)
+            _registered.append(ep.name)
 
 
 def _click_exception_types() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...],
