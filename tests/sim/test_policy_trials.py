@@ -26,7 +26,8 @@ capacity that joins never ends work later, changes nothing before it joins, and 
 then); ``express`` (over rollplan
 and over the started oracle) starts no sample on its express slot and moves there only started predicted-critical
 samples, two at most at once; ``--fold-tool-s`` / ``--tool-kv`` / ``--evicted-return`` replay the cells under
-those physics; bad ``--cells`` / ``--trials`` / ``--hold-h`` / ``--timeline`` / ``--last`` and bad physics give a
+those physics; ``z-siblings``' z is the expected largest of n standard normals (the closed forms at n = 2, 3
+and a seeded Monte Carlo estimate at 16) and falls as a group's samples finish; bad ``--cells`` / ``--trials`` / ``--hold-h`` / ``--timeline`` / ``--last`` and bad physics give a
 one-line error and exit 2.
 """
 
@@ -429,3 +430,35 @@ def test_express_slot_takes_no_new_sample_and_only_started_critical_moves(shared
     assert admitted and not any(admitted)  # no sample starts on the express slot
     assert moves  # started predicted-critical samples move there, never beyond two at once
     assert all(critical and started and n < Probe.EXPRESS_MAX for critical, started, n in moves)
+
+
+def test_expected_max_normal_is_the_expected_largest_of_n(trials: ModuleType) -> None:
+    import math
+    import random
+
+    emax = trials.expected_max_normal
+    assert emax(1) == 0.0 and emax(0) == 0.0
+    assert abs(emax(2) - 1.0 / math.sqrt(math.pi)) < 1e-6  # E[max(X1, X2)] = 1 / sqrt(pi)
+    assert abs(emax(3) - 1.5 / math.sqrt(math.pi)) < 1e-6  # = 3 / (2 sqrt(pi))
+    rng = random.Random(0)
+    mc = sum(max(rng.gauss(0.0, 1.0) for _ in range(16)) for _ in range(20_000)) / 20_000
+    assert abs(emax(16) - mc) < 0.02, (emax(16), mc)
+    assert all(emax(n) < emax(n + 1) for n in range(1, 40))
+
+
+def test_siblings_z_falls_as_a_groups_samples_finish(shared_data: Path, trials: ModuleType) -> None:
+    seen: dict[str, set[float]] = {}
+
+    class Probe(trials.SiblingsZ):  # type: ignore[misc]
+        def _predict(self, sim, j, progress=None, pf_done=None):  # type: ignore[no-untyped-def]
+            out = super()._predict(sim, j, progress, pf_done)
+            n = self._live_n.get(sim.trajs[j].group, 1)
+            seen.setdefault(sim.trajs[j].group, set()).add(round(self._z[n], 6))
+            return out
+
+    sc = matrix_scenario(shared_data, "parcae-hh", "async", matrix_workload("128x16-history"), window_h=0.2)
+    run_policy(sc, Probe())
+    zs = {z for v in seen.values() for z in v}
+    assert round(trials.expected_max_normal(16), 6) in zs  # a whole group of 16 unfinished samples
+    assert any(len(v) > 1 for v in seen.values())  # some group's z moved as its samples finished
+    assert min(zs) < trials.expected_max_normal(16)
