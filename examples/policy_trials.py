@@ -122,6 +122,14 @@ Session 33's (docs/simulator.md, "Session 33's trials"):
 - ``z-siblings``: each sample's pessimistic path at the expected longest of its group's unfinished samples
   (mean + E[max of n standard normals] spreads, ``expected_max_normal``) instead of ``DISPATCH_Z`` (that of 16).
 
+Session 35's (docs/simulator.md, "Session 35: the clairvoyant reference's own choices"), references, not
+variants (each is ``oracle``, told every sample's true course, with one of its own choices changed):
+
+- ``oracle-regime-bulk`` / ``oracle-regime-critical``: the oracle with the admission regime fixed at every
+  plan (``regime-bulk`` / ``regime-critical`` over the oracle).
+- ``oracle-critical-share-0.7`` / ``oracle-critical-share-0.95``: the oracle with ``CRITICAL_SHARE`` 0.7 / 0.95
+  (which samples count as critical, their true paths against the longest).
+
 Physics (``bench replay``'s flags of the same names; the bench's by default): ``--fold-tool-s S``, ``--tool-kv
 pinned|evictable|offload``, ``--evicted-return policy|slot`` replay every cell under those physics.
 
@@ -186,6 +194,7 @@ from rollplan.sim.policies import (
     DECODING,
     ORACLE,
     ElasticPlus,
+    OracleRollplan,
     RollplanPolicy,
     StartedOracleRollplan,
     follows_plan,
@@ -1296,6 +1305,10 @@ TRIALS: dict[str, Callable[[], Any]] = {
     "oracle-started-critical-moves": lambda: critical_moves(StartedOracleRollplan)(),
     "pooled": Pooled,
     "z-siblings": SiblingsZ,
+    "oracle-regime-bulk": lambda: type("OracleBulk", (FixedRegime, OracleRollplan), {})(),
+    "oracle-regime-critical": lambda: type("OracleCritical", (FixedRegime, OracleRollplan), {"BULK": False})(),
+    "oracle-critical-share-0.7": lambda: OracleRollplan(critical_share=0.7),
+    "oracle-critical-share-0.95": lambda: OracleRollplan(critical_share=0.95),
 }
 
 

@@ -231,7 +231,7 @@ MOVE_RULES = ("all", "forced")
 MOVES = "forced"
 """The rule both adapters apply by default (the simulator's rollplan policy, ``ExecutorConfig.moves``): the
 forced moves only. Not a constant chosen by a sweep but one of two rules, measured both ways at one commit
-(README, "The plans' moves"): on the replay matrix "forced" is ahead in 6 of the 12 128 x 16 cells (up to
+(docs/simulator.md, "The replay bench's record", "The plans' moves"): on the replay matrix "forced" is ahead in 6 of the 12 128 x 16 cells (up to
 +1.2%), equal in 4 and behind in 2 (parcae-hh and hl async, -0.3% and -0.1%), no cell below the best other
 policy; on the held-out scenarios of ``rollplan bench sensitivity`` every plan move carried out reads 0.995 to
 1.033 of it, median 1.000 (1.033: a batch that starts before the window's end); and it carries out a few
@@ -248,7 +248,8 @@ def carries_out_move(rule: str, *, source_leaving: bool, source_decodes: bool) -
     not: while trajectories wait to be admitted the dispatcher balances the slots by where it starts them,
     and the planner prices a move by its KV transfer alone, not by what it costs the moved trajectory on its
     new slot (it arrives where the admission headroom already counts the residents, and its KV there is the
-    first an admission evicts while it is in a tool call; README, "Trace replay", has the measurements).
+    first an admission evicts while it is in a tool call; docs/simulator.md, "The replay bench's record",
+    has the measurements).
     Under "all" every move is carried out. Callers: both adapters, once per migration of each adopted
     plan. A trajectory with no KV anywhere has no slot to leave: its "move" is a placement, always kept (the
     caller does not ask)."""
@@ -288,7 +289,7 @@ def follows_plan(informed: bool) -> bool:
     this trajectory: every uninformed trajectory has the same prediction (the prior, or the mean of what
     finished), so the plan's placement of one rather than another is a tie it broke at plan time, on loads
     that have moved since. The dispatcher breaks that tie on the loads of now. Measured on the replay matrix
-    (README, "Trace replay"): it only acts in first-epoch batches, where nothing is informed.
+    (docs/simulator.md, "The replay bench's record"): it only acts in first-epoch batches, where nothing is informed.
     """
     return informed
 

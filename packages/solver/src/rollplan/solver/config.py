@@ -49,8 +49,8 @@ class PlannerConfig:
     plus ``path_z`` spreads (the snapshot's ``Estimate.spread``), its work at the means: a batch ends when its
     longest trajectory does, and of uncertain trajectories the long ones decide that. 0 (the default): the
     means alone, which is also what the simulator's rollplan policy (``rollplan.sim.policies.PATH_Z``) and
-    the executor plan with; 1.77 (``DISPATCH_Z``) was measured and not adopted (README, "Critical paths at a
-    quantile").
+    the executor plan with; 1.77 (``DISPATCH_Z``) was measured and not adopted (docs/simulator.md, "The replay
+    bench's record", "Critical paths at a quantile").
 
     ``start_idle``: the plan also starts, as MIXED, the OFF slots without a return deadline that it leaves
     empty and that could serve before its makespan (``core.actions.start_idle``): available GPUs serve what
