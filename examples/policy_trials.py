@@ -129,6 +129,9 @@ variants (each is ``oracle``, told every sample's true course, with one of its o
   plan (``regime-bulk`` / ``regime-critical`` over the oracle).
 - ``oracle-critical-share-0.7`` / ``oracle-critical-share-0.95``: the oracle with ``CRITICAL_SHARE`` 0.7 / 0.95
   (which samples count as critical, their true paths against the longest).
+- ``rollplan-window`` / ``oracle-window``: rollplan / the oracle told when the window ends (no training job
+  knows): in a batch whose longest predicted remaining path runs past the window's end, every slot admits as
+  vLLM does (``window_aware``).
 
 Physics (``bench replay``'s flags of the same names; the bench's by default): ``--fold-tool-s S``, ``--tool-kv
 pinned|evictable|offload``, ``--evicted-return policy|slot`` replay every cell under those physics.
@@ -136,8 +139,9 @@ pinned|evictable|offload``, ``--evicted-return policy|slot`` replay every cell u
 Diagnostics (the figures docs/simulator.md quotes for these trials):
 
 - ``--per-batch``: each replay's rollout seconds per batch (None: the batch the window's end cuts), each
-  batch's floor (``bench_replay.batch_floors``, what the ceiling chains) and the seconds the complete batches
-  ran over their floors in all.
+  batch's floor (``bench_replay.batch_floors``, what the ceiling chains), the seconds the complete batches
+  ran over their floors in all, and the cut batch (``cut_batch_row``): the tokens the replay got from it
+  against what the ceiling's cut-batch term allows from the same start.
 - ``--hold-h H``: the window runs H hours past the trace's end, the last availability held (an assumption,
   not trace data): shows how long the batch the trace's end cuts takes each variant to finish.
 - ``--last N``: per batch, the N samples that finished last: their group, start and end (seconds from the
@@ -185,6 +189,7 @@ from rollplan.sim.bench_replay import (
     FOLD_TOOL_S,
     MATRIX_MODES,
     batch_floors,
+    cut_batch_tokens_at,
     matrix_scenario,
     matrix_workload,
     traj_floor,
@@ -953,6 +958,26 @@ class KvRegime(ExpectedRegime):
         self._bulk_bound = out[0] <= out[1]
 
 
+def window_aware(base: type[RollplanPolicy]) -> type[RollplanPolicy]:
+    """``base`` told when the replay's window ends (``Simulator.end_time``), which no training job knows: at each
+    adopted plan, when its longest predicted remaining path (``_cp``, the unfinished samples') runs past the
+    window's end, the batch is one the window cuts and every slot admits as vLLM does (``Headrooms(default=0)``,
+    the bulk regime); otherwise the base's headrooms. A reference for what the window's cut batch pays a policy
+    that packs it, not a variant."""
+
+    class WindowAware(base):  # type: ignore[valid-type, misc]
+        def _apply(self, sim: Any, plan: Any) -> None:
+            super()._apply(sim, plan)
+            if self._cp and sim.now + max(self._cp.values()) > sim.end_time:
+                self.headrooms = Headrooms(default=0.0)
+                self._bulk_bound = True
+            else:
+                self.headrooms = Headrooms()
+
+    WindowAware.__name__ = f"WindowAware{base.__name__}"
+    return WindowAware
+
+
 def express(base: type[RollplanPolicy]) -> type[RollplanPolicy]:
     """``base`` with an express slot per batch: one decoding slot (a dedicated one, the least loaded when the
     batch starts) takes no new sample that is not predicted-critical, and at each adopted plan every started,
@@ -1309,6 +1334,8 @@ TRIALS: dict[str, Callable[[], Any]] = {
     "oracle-regime-critical": lambda: type("OracleCritical", (FixedRegime, OracleRollplan), {"BULK": False})(),
     "oracle-critical-share-0.7": lambda: OracleRollplan(critical_share=0.7),
     "oracle-critical-share-0.95": lambda: OracleRollplan(critical_share=0.95),
+    "rollplan-window": lambda: window_aware(RollplanPolicy)(),
+    "oracle-window": lambda: window_aware(OracleRollplan)(),
 }
 
 
@@ -1438,6 +1465,26 @@ class Physics:
     evicted_return: str = EVICTED_RETURN
 
 
+def cut_batch_row(sc: Any, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The batch the window's end cut in this replay (``--per-batch``), None when none was: its index and start,
+    the decode tokens the replay got from it (the replay's tokens less its complete batches' whole tokens), the
+    batch's whole tokens, and what the ceiling's cut-batch term allows from the same start
+    (``bench_replay.cut_batch_tokens_at``): how much of the ceiling's count a schedule reaches in that batch."""
+    cut = [b for b in summary["batches"] if b["rollout_s"] is None]
+    if not cut:
+        return None
+    b = cut[0]
+    whole_of = {}
+    for i in {x["index"] for x in summary["batches"]}:
+        specs, _keys = sc.batches.batch(i + sc.warmup_batches)
+        whole_of[i] = float(sum(sum(sp.decode) for sp in specs))
+    complete = sum(whole_of[x["index"]] for x in summary["batches"] if x["rollout_s"] is not None)
+    got = summary["throughput_tokens_per_s"] * sc.end_time - complete
+    bound = cut_batch_tokens_at(sc, b["index"], b["start_s"])[0]
+    return {"index": b["index"], "start_s": round(b["start_s"], 1), "tokens": round(got),
+            "whole": round(whole_of[b["index"]]), "bound_at_start": round(bound)}
+
+
 def run_one(job: tuple[str, str, int, str, str, float | None, Diagnostics, Physics]) -> dict[str, Any]:
     """One variant's replay of one ``128x16-history`` cell (``window_h``: the window cut to that many hours)."""
     trace, mode, seed, trial, data, window_h, diag, phys = job
@@ -1464,6 +1511,7 @@ def run_one(job: tuple[str, str, int, str, str, float | None, Diagnostics, Physi
         floors = batch_floors(sc, range(len(row["rollout_s"])))
         row["floor_s"] = [round(floors[i], 1) for i in range(len(row["rollout_s"]))]
         row["over_floors_s"] = round(sum(r - floors[i] for i, r in enumerate(row["rollout_s"]) if r is not None), 1)
+        row["cut_batch"] = cut_batch_row(sc, s)
     if diag.timeline_s is not None:
         row["timeline"] = timeline
     if diag.last is not None:
@@ -1536,6 +1584,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("    rollout s per batch: " + ", ".join("cut" if x is None else f"{x:.1f}" for x in r["rollout_s"]))
                 print("    floor s per batch:   " + ", ".join(f"{x:.1f}" for x in r["floor_s"])
                       + f"  (complete batches over their floors: {r['over_floors_s']:.1f} s)")
+                c = r.get("cut_batch")
+                if c is not None:
+                    print(f"    cut batch {c['index']} from {c['start_s']:.1f} s: {c['tokens']:,} of its {c['whole']:,}"
+                          f" tokens; the ceiling's term from that start {c['bound_at_start']:,}")
             if "timeline" in r:
                 print(f"    timeline: {len(r['timeline'])} samples (--json prints them)")
             for b, rows_b in r.get("last", {}).items():

@@ -18,7 +18,9 @@ Invariants checked:
   bound) and no policy, nor either oracle reference, exceeds the ceiling it gives, in both modes; with half
   the KV per GPU the ceiling is lower and still above every policy and reference, and its ``cut_batch``
   report has the GPU' row's cost above the window's GPU-seconds (below it with all the KV); with
-  speculative decoding or divided rollout the ceiling falls back to the per-trajectory bound.
+  speculative decoding or divided rollout the ceiling falls back to the per-trajectory bound;
+- ``cut_batch_tokens_at`` at the cut batch's earliest start is the share the ceiling counts, and a later
+  start allows no more.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from hypothesis import strategies as st
 
 from rollplan.sim.bench_replay import (
     coupled_cut_bound_applies,
+    cut_batch_tokens_at,
     fastest_course,
     throughput_ceiling,
     window_gpu_seconds,
@@ -214,6 +217,22 @@ def test_no_policy_beats_the_coupled_ceiling(mode: LendMode) -> None:
     res = run_replay(sc, [make_policy(n) for n in (*POLICY_NAMES, ORACLE, ORACLE_STARTED)])
     best = max(run.summary["throughput_tokens_per_s"] for run in res.runs)
     assert 0.0 < best <= c["tokens_per_s"] + 1e-6
+
+
+def test_cut_batch_tokens_at_is_the_ceilings_term_and_falls_with_a_later_start() -> None:
+    """``cut_batch_tokens_at`` at the cut batch's earliest start is the share of it ``throughput_ceiling``
+    counts; a later start never allows more, and the per-trajectory sum bounds it."""
+    sc = _crowded(LendMode.SYNC, 90.0)
+    c = throughput_ceiling(sc)
+    k, start = c["cut_batch"]["index"], c["cut_batch"]["start_s"]
+    specs, _keys = sc.batches.batch(k + sc.warmup_batches)
+    whole = float(sum(sum(sp.decode) for sp in specs))
+    got, alone, cb = cut_batch_tokens_at(sc, k, start)
+    assert cb is not None and got <= alone
+    assert got / whole == pytest.approx(c["last_batch_share"], abs=1e-4)
+    assert alone / whole == pytest.approx(c["last_batch_share_alone"], abs=1e-4)
+    later = [cut_batch_tokens_at(sc, k, start + dt)[0] for dt in (10.0, 30.0, 60.0)]
+    assert got >= later[0] >= later[1] >= later[2] > 0.0
 
 
 def test_less_kv_lowers_the_ceiling_and_no_policy_beats_it() -> None:

@@ -8,7 +8,9 @@ started sample ahead of unstarted ones; ``affinity`` picks the admitting slot ho
 sample's prompt; ``--hold-h`` leaves every batch before the trace's end as it was and finishes the cut one;
 ``--timeline`` samples at the interval asked, its critical split only for the rollplan admission, the KV in
 tool calls within what the slots hold; ``--last`` lists each batch's last finishers, the first ending the batch,
-none faster than its floor, and ``--per-batch`` no batch faster than its floor; ``regime-keys``
+none faster than its floor, and ``--per-batch`` no batch faster than its floor and the cut batch's tokens
+within its whole and within the ceiling's term from the replay's start of it; ``rollplan-window`` leaves the
+batches before the cut one as they were and gets more tokens of the cut one; ``regime-keys``
 ranks a decode-heavy sample above a tool-heavy one of the same path, and ``model-headroom`` changes the
 headroom of some plans of a replay within its grid; ``critical-moves`` carries out a rebalancing move of a
 predicted-critical sample only (a move its slot forces, every policy carries out); ``pooled`` predicts a
@@ -187,6 +189,21 @@ def test_last_finishers_end_their_batches_and_respect_their_floors(shared_data: 
     assert len(row["floor_s"]) == len(row["rollout_s"])
     assert all(r >= row["floor_s"][b] - 0.1 for b, r in complete)
     assert row["over_floors_s"] == pytest.approx(sum(r - row["floor_s"][b] for b, r in complete), abs=0.1 * len(complete))
+    # the batch the window's end cuts: what the replay got from it is within its whole tokens and within the
+    # ceiling's cut-batch term from the replay's own start of it (a schedule the ceiling must bound)
+    cut = row["cut_batch"]
+    assert cut["index"] == len(complete) and row["rollout_s"][cut["index"]] is None
+    assert 0 < cut["tokens"] <= cut["whole"] and cut["tokens"] <= cut["bound_at_start"] <= cut["whole"]
+
+
+def test_window_aware_trials_pack_only_the_cut_batch(shared_data: Path, trials: ModuleType) -> None:
+    """``rollplan-window`` / ``oracle-window``: the batches before the cut one run as without the window's end
+    (their rollouts within a second), and the cut batch gets more tokens than the plain policy gets from it."""
+    rows = trials.run_trials(shared_data, [("parcae-hh", "async", 0)], ["rollplan", "rollplan-window"], jobs=2,
+                             window_h=0.5, diagnostics=trials.Diagnostics(per_batch=True))
+    plain, aware = rows
+    assert plain["rollout_s"][:-1] and aware["rollout_s"][:-1] == pytest.approx(plain["rollout_s"][:-1], abs=1.0)
+    assert aware["cut_batch"]["tokens"] > plain["cut_batch"]["tokens"]
 
 
 def test_regime_keys_rank_decode_heavy_samples_higher(trials: ModuleType) -> None:

@@ -287,6 +287,24 @@ def cut_batch_bound(scenario: Scenario, specs: Sequence[SimTraj], start: float, 
         kv_capacity=float(fp.kv_cap), share=share, prefill=pre, fold_s=_course_fold(scenario)[1])
 
 
+def cut_batch_tokens_at(scenario: Scenario, index: int, start: float, *,
+                        specs: Sequence[SimTraj] | None = None) -> tuple[float, float, cut_bound.CutBatchBound | None]:
+    """The most decode tokens any policy can have by the window's end from replay batch ``index`` if it starts
+    at ``start``: the least of the per-trajectory bound (each trajectory's ``traj_tokens_by`` the window's end)
+    and, where it applies, ``cut_batch_bound``'s coupled bound. Returns (that bound, the per-trajectory sum,
+    the coupled bound or None). ``throughput_ceiling``'s term for the batch the window's end cuts (at its
+    earliest start); callers may also price a replay's own start of that batch (``examples/policy_trials.py
+    --per-batch``). ``specs``: the batch's trajectories when the caller has them."""
+    if specs is None:
+        specs, _keys = scenario.batches.batch(index + scenario.warmup_batches)
+    step = perf_factory(scenario.model, calibrated=scenario.calibrated, config=scenario.sim)(scenario.gpu, 1).decode
+    fold_by = _course_fold(scenario)[1]
+    per_traj = [traj_tokens_by(sp, step, scenario.end_time - start, fold_by) for sp in specs]
+    alone = float(sum(per_traj))
+    cb = cut_batch_bound(scenario, specs, start, per_traj, first=index == 0)
+    return (min(alone, cb.tokens) if cb is not None else alone), alone, cb
+
+
 def throughput_ceiling(scenario: Scenario, *, max_batches: int = 10_000) -> dict[str, Any]:
     """An upper bound on any policy's throughput over ``scenario``'s window (decode tokens/s).
 
@@ -308,7 +326,7 @@ def throughput_ceiling(scenario: Scenario, *, max_batches: int = 10_000) -> dict
     end = scenario.end_time
     sched = LendingSchedule(scenario.lending)
     step = perf_factory(scenario.model, calibrated=scenario.calibrated, config=scenario.sim)(scenario.gpu, 1).decode
-    fold, fold_by = _course_fold(scenario)
+    fold = _course_fold(scenario)[0]
     start, prev_end, tokens, k, last_share, alone = 0.0, None, 0.0, 0, 1.0, 1.0
     cut: dict[str, Any] | None = None
     while start < end and k < max_batches and (scenario.max_batches is None or k < scenario.max_batches):
@@ -316,14 +334,12 @@ def throughput_ceiling(scenario: Scenario, *, max_batches: int = 10_000) -> dict
         whole = sum(sum(sp.decode) for sp in specs)
         done = start + max((traj_floor(sp, step, fold) for sp in specs), default=0.0)
         if done > end:
-            per_traj = [traj_tokens_by(sp, step, end - start, fold_by) for sp in specs]
-            cb = cut_batch_bound(scenario, specs, start, per_traj, first=k == 0)
-            got = min(float(sum(per_traj)), cb.tokens) if cb is not None else float(sum(per_traj))
+            got, per_traj_sum, cb = cut_batch_tokens_at(scenario, k, start, specs=specs)
             if cb is not None:
                 cut = {"index": k, "start_s": round(start, 1), "gpu_seconds": round(cb.gpu_seconds, 1),
                        "work_gpu_s": round(cb.work_gpu_s, 1), "fixed_gpu_s": round(cb.fixed_gpu_s, 1)}
             last_share = got / whole if whole else 1.0
-            alone = sum(per_traj) / whole if whole else 1.0
+            alone = per_traj_sum / whole if whole else 1.0
             tokens += got
         else:
             tokens += whole
